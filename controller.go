@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+)
+
+const (
+	// controllerName names the controller in logs, events and the workqueue metrics.
+	controllerName = "uuid-controller"
+	// FieldManager is the field manager of every status write.
+	FieldManager = controllerName
+)
+
+// Event reasons.
+const (
+	// ReasonAssigned: a UUID was written to the object's status (Normal).
+	ReasonAssigned = "UUIDAssigned"
+	// ReasonFailed: the controller gave up assigning a UUID (Warning).
+	ReasonFailed = "UUIDFailed"
+	// ReasonInvalid: status held something that is not a UUID and is being
+	// replaced (Warning).
+	ReasonInvalid = "InvalidUUID"
+)
+
+// uuidGVR is the resource the controller serves.
+var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"}
+
+// Options tune a Controller. The zero value of a field means its default.
+type Options struct {
+	// MaxRetries is how many times a failing object is retried, with the
+	// workqueue's exponential backoff, before it is marked state: Error and
+	// dropped. Default 15, about 160 s of retrying (5 ms doubling).
+	MaxRetries int
+	// SyncTimeout bounds one reconcile's API calls. Default 30 s.
+	SyncTimeout time.Duration
+	// ShutdownTimeout bounds how long Run waits for in-flight reconciles
+	// after its context is cancelled. Default 10 s.
+	ShutdownTimeout time.Duration
+	// NormalEvents posts Normal events (an assignment) as well as Warnings.
+	NormalEvents bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 15
+	}
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = 30 * time.Second
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	return o
+}
+
+// Controller assigns a UUID to the status of every Uuid object that lacks one.
+type Controller struct {
+	// client writes the status subresource; reads come from lister.
+	client dynamic.NamespaceableResourceInterface
+	// lister reads Uuid objects from the informer's cache.
+	lister cache.GenericLister
+	// synced reports whether the informer's cache has synced.
+	synced cache.InformerSynced
+	// queue holds the keys of objects that may need a UUID.
+	queue workqueue.TypedRateLimitingInterface[cache.ObjectName]
+	// recorder posts Events on the objects.
+	recorder record.EventRecorder
+	// metrics counts assignments and failures.
+	metrics *Metrics
+	// newUUID makes UUIDs; a field so tests can fix the value.
+	newUUID func() uuid.UUID
+	// syncHandler reconciles one key; a field so tests can inject failures.
+	syncHandler func(ctx context.Context, key cache.ObjectName) error
+	opts        Options
+}
+
+// NewController wires a controller to an informer on uuidGVR. Event handlers
+// are added here, so the informer must not have been started yet for the
+// initial list to reach the queue.
+func NewController(ctx context.Context, client dynamic.Interface, informer informers.GenericInformer,
+	recorder record.EventRecorder, metrics *Metrics, opts Options) (*Controller, error) {
+	opts = opts.withDefaults()
+	if opts.MaxRetries < 0 {
+		return nil, fmt.Errorf("max retries must not be negative, got %d", opts.MaxRetries)
+	}
+	logger := klog.FromContext(ctx)
+	c := &Controller{
+		client:   client.Resource(uuidGVR),
+		lister:   informer.Lister(),
+		synced:   informer.Informer().HasSynced,
+		recorder: recorder,
+		metrics:  metrics,
+		newUUID:  uuid.New,
+		opts:     opts,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
+			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
+		),
+	}
+	c.syncHandler = c.syncUUID
+	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
+		UpdateFunc: func(_, obj any) { c.enqueue(logger, obj) },
+		// A deleted object needs nothing: no finalizer, nothing owned.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adding event handler: %w", err)
+	}
+	return c, nil
+}
+
+// enqueue queues obj only when it lacks a valid UUID, so objects already done
+// (the whole cache at a restart, every resync) cost no queue traffic.
+func (c *Controller) enqueue(logger klog.Logger, obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
+		return
+	}
+	if id, _ := existingUUID(u); id != "" {
+		return
+	}
+	c.queue.Add(cache.MetaObjectToName(u))
+}
+
+// Run starts workers and blocks until ctx is cancelled. It then stops taking
+// work and waits, up to ShutdownTimeout, for in-flight reconciles to finish,
+// so a caller holding a lease can release it only after the last write.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrashWithContext(ctx)
+	logger := klog.FromContext(ctx)
+	logger.Info("Starting controller", "controller", controllerName, "workers", workers)
+	defer logger.Info("Shut down controller", "controller", controllerName)
+
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced) {
+		c.queue.ShutDown()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("failed to wait for the Uuid cache to sync")
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for c.processNextWorkItem(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	logger.Info("Stopping workers", "controller", controllerName)
+	c.queue.ShutDown()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(c.opts.ShutdownTimeout):
+		return fmt.Errorf("workers still busy after %s", c.opts.ShutdownTimeout)
+	}
+}
+
+// processNextWorkItem handles one key. It returns false when the queue is shut
+// down or ctx is cancelled.
+func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	if ctx.Err() != nil {
+		// Shutting down: don't start new work. The object is picked up by
+		// whichever process runs next, from its own informer's list.
+		return false
+	}
+	// A reconcile in flight is allowed to finish after ctx is cancelled, so
+	// a PATCH is never cut off half-way through shutdown; it keeps ctx's
+	// values (the logger) and is bounded by SyncTimeout instead.
+	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
+	defer cancel()
+	err := c.syncHandler(syncCtx, key)
+	c.handleErr(syncCtx, key, err)
+	return true
+}
+
+// handleErr is the one place for retry policy.
+func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err error) {
+	logger := klog.FromContext(ctx)
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+		// Not found: the object was deleted between the cache read and the
+		// write; nothing is left to do.
+		c.queue.Forget(key)
+	case apierrors.IsConflict(err):
+		// Another writer (a second replica, a user) changed the object since
+		// our cache saw it. The next try reads the newer version and, if
+		// that writer assigned a UUID, writes nothing.
+		logger.V(2).Info("Conflict writing status, will retry", "object", klog.KRef(key.Namespace, key.Name))
+		c.queue.AddRateLimited(key)
+	case c.queue.NumRequeues(key) < c.opts.MaxRetries && !isPermanent(err):
+		logger.Error(err, "Failed to assign UUID, will retry", "object", klog.KRef(key.Namespace, key.Name),
+			"attempt", c.queue.NumRequeues(key)+1, "maxRetries", c.opts.MaxRetries)
+		c.queue.AddRateLimited(key)
+	default:
+		c.queue.Forget(key)
+		c.metrics.Dropped.Inc()
+		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object out of the queue",
+			"object", klog.KRef(key.Namespace, key.Name), "attempts", c.queue.NumRequeues(key)+1)
+		c.markFailed(ctx, key, err)
+	}
+}
+
+// isPermanent tells errors that no retry can fix: the apiserver rejected the
+// request itself.
+func isPermanent(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotAcceptable(err) ||
+		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
+}
+
+// syncUUID assigns a UUID to the object named by key unless it has one.
+func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KRef(key.Namespace, key.Name))
+	ctx = klog.NewContext(ctx, logger)
+
+	obj, err := c.get(key)
+	if apierrors.IsNotFound(err) {
+		logger.V(4).Info("Object is gone, nothing to do")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	id, problem := existingUUID(obj)
+	if id != "" {
+		// A UUID is never regenerated: not on update, resync or restart.
+		logger.V(4).Info("Object already has a UUID", "uuid", id)
+		return nil
+	}
+	if problem != "" {
+		logger.Info("Replacing an invalid status", "problem", problem)
+		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
+	}
+	st := assignedStatus(c.newUUID())
+	if err := c.writeStatus(ctx, obj, st); err != nil {
+		return err
+	}
+	c.metrics.Assigned.Inc()
+	logger.Info("Assigned UUID", "uuid", st.UUID)
+	c.event(obj, corev1.EventTypeNormal, ReasonAssigned, "Assigned UUID "+st.UUID)
+	return nil
+}
+
+// markFailed records a final failure on the object: state Error with the
+// error text, and a Warning event. The write carries the same precondition as
+// an assignment, so it can never hide a UUID another writer just assigned.
+func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
+	logger := klog.FromContext(ctx)
+	obj, err := c.get(key)
+	if err != nil {
+		return // gone, or unreadable from the cache: nothing to mark
+	}
+	if id, _ := existingUUID(obj); id != "" {
+		return
+	}
+	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
+	st := errorStatus(cause)
+	if cur := currentStatus(obj); cur.State == st.State && cur.Message == st.Message {
+		return // already says so; writing again would only wake the informer
+	}
+	if err := c.writeStatus(ctx, obj, st); err != nil {
+		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+	}
+}
+
+// get reads key from the informer's cache.
+func (c *Controller) get(key cache.ObjectName) (*unstructured.Unstructured, error) {
+	obj, err := c.lister.ByNamespace(key.Namespace).Get(key.Name)
+	if err != nil {
+		return nil, err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("cache holds a %T for %s, not an unstructured object", obj, key)
+	}
+	return u, nil
+}
+
+// writeStatus patches st onto obj and counts the result.
+func (c *Controller) writeStatus(ctx context.Context, obj *unstructured.Unstructured, st Status) error {
+	err := patchStatus(ctx, c.client, obj, st)
+	switch {
+	case err == nil:
+		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
+	case apierrors.IsConflict(err):
+		c.metrics.StatusWrites.WithLabelValues("conflict").Inc()
+	case apierrors.IsNotFound(err):
+		c.metrics.StatusWrites.WithLabelValues("not_found").Inc()
+	default:
+		c.metrics.StatusWrites.WithLabelValues("error").Inc()
+		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
+	}
+	return err
+}
+
+// event posts an Event on obj, leaving out Normal ones unless asked for: an
+// Event per assignment doubles the API writes of a busy controller.
+func (c *Controller) event(obj *unstructured.Unstructured, eventType, reason, message string) {
+	if eventType == corev1.EventTypeNormal && !c.opts.NormalEvents {
+		return
+	}
+	c.recorder.Event(obj, eventType, reason, message)
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is everything main reads from the command line.
+type config struct {
+	kubeconfig, master string
+	namespace          string
+	workers            int
+	maxRetries         int
+	resync             time.Duration
+	qps                float64
+	burst              int
+	healthAddr         string
+	metricsAddr        string
+	eventLevel         string
+	shutdownTimeout    time.Duration
+	leaderElect        bool
+	leader             LeaderElection
+}
+
+// serviceAccountNamespaceFile holds the pod's namespace inside a cluster.
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// parseFlags registers the controller's flags on fs, parses args and checks
+// the values against each other. klog's flags are registered by the caller.
+func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
+	c := &config{}
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster config, then ~/.kube/config.")
+	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
+	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in this namespace only. Default: all namespaces.")
+	fs.IntVar(&c.workers, "workers", 4, "Number of objects reconciled at once.")
+	fs.IntVar(&c.maxRetries, "max-retries", 15, "Retries, with exponential backoff from 5ms, before an object is marked state Error and dropped until its next update or resync.")
+	fs.DurationVar(&c.resync, "resync", 10*time.Minute, "How often every cached object is re-checked; objects with a UUID cost nothing. 0 disables.")
+	fs.Float64Var(&c.qps, "kube-api-qps", 500, "Requests per second to the API server (client-side limit).")
+	fs.IntVar(&c.burst, "kube-api-burst", 1000, "Burst of requests to the API server above --kube-api-qps.")
+	fs.StringVar(&c.healthAddr, "health-addr", ":8080", "Address serving /healthz and /readyz. Empty or 0 disables.")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", ":9090", "Address serving Prometheus /metrics. Empty or 0 disables.")
+	fs.StringVar(&c.eventLevel, "event-level", "Warning", "Lowest Kubernetes Event type posted on objects: Normal (every assignment) or Warning (failures only).")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "How long in-flight reconciles may run after SIGTERM before the process exits anyway.")
+	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader with a coordination.k8s.io Lease, so several replicas can run with one active.")
+	fs.StringVar(&c.leader.Namespace, "leader-elect-namespace", "", "Namespace of the Lease. Default: the pod's namespace in a cluster, else uuid-system.")
+	fs.StringVar(&c.leader.Name, "leader-elect-name", controllerName, "Name of the Lease.")
+	fs.DurationVar(&c.leader.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits before taking over a lease that is not renewed.")
+	fs.DurationVar(&c.leader.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before it stops leading.")
+	fs.DurationVar(&c.leader.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "Wait between leader election tries.")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if c.leader.Namespace == "" {
+		c.leader.Namespace = defaultLeaseNamespace()
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	var errs []error
+	if c.workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers must be at least 1, got %d", c.workers))
+	}
+	if c.maxRetries < 0 {
+		errs = append(errs, fmt.Errorf("--max-retries must not be negative, got %d", c.maxRetries))
+	}
+	if c.resync < 0 {
+		errs = append(errs, fmt.Errorf("--resync must not be negative, got %s", c.resync))
+	}
+	if c.qps <= 0 || c.burst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", c.qps, c.burst))
+	}
+	if c.shutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", c.shutdownTimeout))
+	}
+	switch strings.ToLower(c.eventLevel) {
+	case "normal":
+		c.eventLevel = "Normal"
+	case "warning":
+		c.eventLevel = "Warning"
+	default:
+		errs = append(errs, fmt.Errorf("--event-level must be Normal or Warning, got %q", c.eventLevel))
+	}
+	if c.leaderElect {
+		le := c.leader
+		if le.Name == "" {
+			errs = append(errs, errors.New("--leader-elect-name must not be empty"))
+		}
+		if le.RetryPeriod <= 0 || le.RenewDeadline <= 0 || le.LeaseDuration <= 0 {
+			errs = append(errs, errors.New("--leader-elect durations must be positive"))
+		} else if le.LeaseDuration <= le.RenewDeadline || le.RenewDeadline <= le.RetryPeriod {
+			errs = append(errs, fmt.Errorf("--leader-elect-lease-duration (%s) must exceed --leader-elect-renew-deadline (%s), which must exceed --leader-elect-retry-period (%s)",
+				le.LeaseDuration, le.RenewDeadline, le.RetryPeriod))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func defaultLeaseNamespace() string {
+	if b, err := os.ReadFile(serviceAccountNamespaceFile); err == nil {
+		if ns := strings.TrimSpace(string(b)); ns != "" {
+			return ns
+		}
+	}
+	return "uuid-system"
+}

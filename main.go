@@ -1,0 +1,139 @@
+// Command uuid-controller gives every demo.operator/v1 Uuid object a stable
+// random UUID in its status.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+func main() {
+	klog.InitFlags(nil)
+	cfg, err := parseFlags(flag.CommandLine, os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "uuid-controller:", err)
+		os.Exit(2)
+	}
+	ctx := klog.NewContext(setupSignalHandler(), klog.Background())
+	if err := run(ctx, cfg); err != nil {
+		klog.FromContext(ctx).Error(err, "uuid-controller failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	klog.Flush()
+}
+
+// run wires clients, informer, events, servers and the controller, and
+// returns once ctx is cancelled (or the leader lease is lost) and the work in
+// flight has finished.
+func run(ctx context.Context, cfg *config) error {
+	logger := klog.FromContext(ctx)
+	restConfig, err := buildConfig(cfg.kubeconfig, cfg.master)
+	if err != nil {
+		return err
+	}
+	restConfig.QPS = float32(cfg.qps)
+	restConfig.Burst = cfg.burst
+	restConfig.UserAgent = controllerName
+	dyn, err := dynamic.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("building dynamic client: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("building clientset: %w", err)
+	}
+
+	metrics := NewMetrics()
+	queueRegistry := registerWorkqueueMetrics()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartStructuredLogging(3)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: controllerName})
+
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.resync, cfg.namespace, nil)
+	informer := factory.ForResource(uuidGVR)
+	if err := informer.Informer().SetTransform(trimForCache); err != nil {
+		return fmt.Errorf("setting the cache transform: %w", err)
+	}
+	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, Options{
+		MaxRetries:      cfg.maxRetries,
+		ShutdownTimeout: cfg.shutdownTimeout,
+		NormalEvents:    cfg.eventLevel == corev1.EventTypeNormal,
+	})
+	if err != nil {
+		return err
+	}
+
+	waitHealth, err := serve(ctx, "health", cfg.healthAddr, healthHandler(informer.Informer().HasSynced))
+	if err != nil {
+		return err
+	}
+	defer waitHealth()
+	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsHandler(metrics.Registry, queueRegistry))
+	if err != nil {
+		return err
+	}
+	defer waitMetrics()
+
+	// Start does not block. Standbys run the informer too, so a new leader
+	// starts with a warm cache.
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
+
+	var runErr error
+	work := func(ctx context.Context) { runErr = ctrl.Run(ctx, cfg.workers) }
+	if !cfg.leaderElect {
+		metrics.Leader.Set(1)
+		work(ctx)
+		return runErr
+	}
+	if err := runLeading(ctx, kube, cfg.leader, metrics, work); err != nil {
+		return err
+	}
+	return runErr
+}
+
+// buildConfig picks the API server config: --kubeconfig or --master when
+// given, else $KUBECONFIG, else the in-cluster config, else ~/.kube/config.
+func buildConfig(kubeconfig, master string) (*rest.Config, error) {
+	if kubeconfig == "" && master == "" && os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		cfg, err := rest.InClusterConfig()
+		if err == nil {
+			return cfg, nil
+		}
+		if !errors.Is(err, rest.ErrNotInCluster) {
+			return nil, fmt.Errorf("loading in-cluster config: %w", err)
+		}
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	overrides := &clientcmd.ConfigOverrides{}
+	if master != "" {
+		overrides.ClusterInfo.Server = master
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("building kubeconfig: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/util/workqueue"
+)
+
+const metricsNamespace = "uuid_controller"
+
+// Metrics are the controller's own counters. They live on a private registry
+// so tests can build as many controllers as they like.
+type Metrics struct {
+	Registry *prometheus.Registry
+	// Assigned counts UUIDs written to a status.
+	Assigned prometheus.Counter
+	// StatusWrites counts status PATCH requests sent, by result
+	// (ok, conflict, not_found, error), whatever they carried.
+	StatusWrites *prometheus.CounterVec
+	// PatchFailures counts failed status writes other than conflicts and
+	// deletions, by reason (the apiserver's status reason, e.g. Forbidden).
+	PatchFailures *prometheus.CounterVec
+	// Dropped counts keys given up on after --max-retries.
+	Dropped prometheus.Counter
+	// Leader is 1 while this process holds the lease (or runs without
+	// leader election).
+	Leader prometheus.Gauge
+}
+
+// NewMetrics builds the controller metrics plus Go and process collectors.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Assigned: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "uuids_assigned_total",
+			Help: "UUIDs assigned and written to an object's status.",
+		}),
+		StatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "status_writes_total",
+			Help: "Status PATCH requests sent, by result.",
+		}, []string{"result"}),
+		PatchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "patch_failures_total",
+			Help: "Failed status PATCH requests, excluding conflicts and deleted objects, by reason.",
+		}, []string{"reason"}),
+		Dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "dropped_total",
+			Help: "Objects given up on after the maximum number of retries.",
+		}),
+		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "leader",
+			Help: "1 while this process is the active controller.",
+		}),
+	}
+	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// workqueue metrics are process-global in client-go (SetProvider takes effect
+// once), so they get one registry of their own and the metrics handler gathers
+// it beside the controller's.
+var (
+	workqueueMetricsOnce sync.Once
+	workqueueMetrics     = newWorkqueueProvider()
+)
+
+// registerWorkqueueMetrics makes every named workqueue export depth, adds,
+// latency, work duration, unfinished work, longest running processor and
+// retries, under the names client-go's own components use.
+func registerWorkqueueMetrics() *prometheus.Registry {
+	workqueueMetricsOnce.Do(func() { workqueue.SetProvider(workqueueMetrics) })
+	return workqueueMetrics.registry
+}
+
+type workqueueProvider struct {
+	registry                   *prometheus.Registry
+	depth, unfinished, longest *prometheus.GaugeVec
+	adds, retries              *prometheus.CounterVec
+	latency, workDuration      *prometheus.HistogramVec
+}
+
+func newWorkqueueProvider() *workqueueProvider {
+	buckets := prometheus.ExponentialBuckets(1e-6, 10, 10)
+	p := &workqueueProvider{
+		registry: prometheus.NewRegistry(),
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "depth",
+			Help: "Current depth of the workqueue."}, []string{"name"}),
+		adds: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "adds_total",
+			Help: "Total adds handled by the workqueue."}, []string{"name"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue", Name: "queue_duration_seconds",
+			Help: "Seconds an item stays in the workqueue before being requested.", Buckets: buckets}, []string{"name"}),
+		workDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: "workqueue", Name: "work_duration_seconds",
+			Help: "Seconds processing an item from the workqueue takes.", Buckets: buckets}, []string{"name"}),
+		unfinished: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "unfinished_work_seconds",
+			Help: "Seconds of work in progress not yet observed by work_duration."}, []string{"name"}),
+		longest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: "workqueue", Name: "longest_running_processor_seconds",
+			Help: "Seconds the longest running processor has been running."}, []string{"name"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: "workqueue", Name: "retries_total",
+			Help: "Total retries handled by the workqueue."}, []string{"name"}),
+	}
+	p.registry.MustRegister(p.depth, p.adds, p.latency, p.workDuration, p.unfinished, p.longest, p.retries)
+	return p
+}
+
+func (p *workqueueProvider) NewDepthMetric(name string) workqueue.GaugeMetric {
+	return p.depth.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewAddsMetric(name string) workqueue.CounterMetric {
+	return p.adds.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewLatencyMetric(name string) workqueue.HistogramMetric {
+	return p.latency.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewWorkDurationMetric(name string) workqueue.HistogramMetric {
+	return p.workDuration.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewUnfinishedWorkSecondsMetric(name string) workqueue.SettableGaugeMetric {
+	return p.unfinished.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewLongestRunningProcessorSecondsMetric(name string) workqueue.SettableGaugeMetric {
+	return p.longest.WithLabelValues(name)
+}
+func (p *workqueueProvider) NewRetriesMetric(name string) workqueue.CounterMetric {
+	return p.retries.WithLabelValues(name)
+}

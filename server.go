@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+)
+
+// healthHandler serves /healthz (the process is alive and serving) and
+// /readyz (the informer's cache has synced: true of the leader and of a
+// standby alike, so a rollout waits for warm replicas).
+func healthHandler(ready func() bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "informer cache not synced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// metricsHandler serves /metrics from the given registries.
+func metricsHandler(registries ...*prometheus.Registry) http.Handler {
+	gatherers := make(prometheus.Gatherers, 0, len(registries))
+	for _, r := range registries {
+		gatherers = append(gatherers, r)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// serve listens on addr ("" or "0" turns the server off) and serves h until
+// ctx is cancelled. Listening happens before serve returns, so a port that is
+// taken is a start-up error, not a log line later.
+func serve(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
+	if addr == "" || addr == "0" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for %s on %q: %w", name, addr, err)
+	}
+	logger := klog.FromContext(ctx)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		logger.Info("Serving", "server", name, "addr", ln.Addr().String())
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "Server stopped", "server", name)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	return func() { <-done }, nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+)
+
+// The values the controller writes into status.state. crd.yaml allows only these.
+const (
+	StateOk    = "Ok"
+	StateError = "Error"
+)
+
+// MessageAssigned is the status message of a successful assignment, as the
+// kopf operator this ports wrote it.
+const MessageAssigned = "resource created successfully"
+
+// maxMessageLen keeps an error text inside the CRD's maxLength for message, so
+// the Error status itself can never be rejected by validation.
+const maxMessageLen = 1024
+
+// Status is the controller-owned part of a Uuid object.
+type Status struct {
+	State   string `json:"state,omitempty"`
+	Message string `json:"message,omitempty"`
+	UUID    string `json:"uuid,omitempty"`
+}
+
+// existingUUID returns the object's valid status.uuid, or "" when there is
+// none. A reason is returned when status holds something that is not a UUID
+// (or status is not an object), so the caller can tell the user why it is
+// being replaced; the CRD schema rejects such values, so they only appear
+// when the schema was changed or bypassed.
+func existingUUID(obj *unstructured.Unstructured) (id string, problem string) {
+	raw, found, err := unstructured.NestedFieldNoCopy(obj.Object, "status", "uuid")
+	if err != nil {
+		return "", fmt.Sprintf("status is not an object: %v", err)
+	}
+	if !found {
+		return "", ""
+	}
+	s, ok := raw.(string)
+	if !ok {
+		return "", fmt.Sprintf("status.uuid is a %T, not a string", raw)
+	}
+	if s == "" {
+		return "", ""
+	}
+	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
+		return "", fmt.Sprintf("status.uuid %q is not a UUID", s)
+	}
+	return s, ""
+}
+
+// currentStatus reads status.state and status.message, tolerating any shape.
+func currentStatus(obj *unstructured.Unstructured) Status {
+	state, _, _ := unstructured.NestedString(obj.Object, "status", "state")
+	msg, _, _ := unstructured.NestedString(obj.Object, "status", "message")
+	return Status{State: state, Message: msg}
+}
+
+// assignedStatus is the status written when a UUID is assigned.
+func assignedStatus(id uuid.UUID) Status {
+	return Status{State: StateOk, Message: MessageAssigned, UUID: id.String()}
+}
+
+// errorStatus is the status written when assignment failed for good. It has
+// no uuid: the CRD accepts only real UUIDs there (the kopf operator wrote
+// "NA"), and an absent uuid lets a later update or resync try again.
+func errorStatus(err error) Status {
+	msg := err.Error()
+	if len(msg) > maxMessageLen {
+		msg = msg[:maxMessageLen]
+	}
+	return Status{State: StateError, Message: msg}
+}
+
+// statusPatch builds a JSON merge patch that sets status and carries the
+// cached object's resourceVersion as a precondition. The apiserver answers
+// 409 Conflict when the object changed since it was read, so two writers (two
+// replicas, an old and a new pod in a rollout) can never both assign a UUID:
+// the loser requeues and then sees the winner's UUID.
+func statusPatch(resourceVersion string, st Status) ([]byte, error) {
+	if resourceVersion == "" {
+		return nil, fmt.Errorf("object has no resourceVersion to use as a precondition")
+	}
+	p := map[string]any{
+		"metadata": map[string]any{"resourceVersion": resourceVersion},
+		"status":   st,
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encoding status patch: %w", err)
+	}
+	return b, nil
+}
+
+// patchStatus sends st to the status subresource of obj.
+func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj *unstructured.Unstructured, st Status) error {
+	patch, err := statusPatch(obj.GetResourceVersion(), st)
+	if err != nil {
+		return err
+	}
+	_, err = client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: FieldManager}, "status")
+	if err != nil {
+		return fmt.Errorf("patching status of %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// trimForCache keeps only what the controller reads (and an Event reference
+// needs), so the informer's memory per object does not grow with the size of
+// its spec, annotations or managedFields.
+func trimForCache(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	t := &unstructured.Unstructured{Object: map[string]any{}}
+	t.SetAPIVersion(u.GetAPIVersion())
+	t.SetKind(u.GetKind())
+	t.SetNamespace(u.GetNamespace())
+	t.SetName(u.GetName())
+	t.SetUID(u.GetUID())
+	t.SetResourceVersion(u.GetResourceVersion())
+	t.SetGeneration(u.GetGeneration())
+	if st, ok := u.Object["status"]; ok {
+		t.Object["status"] = st
+	}
+	return t, nil
+}
