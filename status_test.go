@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+func TestExistingUUID(t *testing.T) {
+	valid := "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90"
+	tests := []struct {
+		name        string
+		status      any // nil: no status at all
+		wantID      string
+		wantProblem string
+	}{
+		{name: "no status"},
+		{name: "empty status", status: map[string]any{}},
+		{name: "empty uuid", status: map[string]any{"uuid": ""}},
+		{name: "valid", status: map[string]any{"uuid": valid, "state": "Ok"}, wantID: valid},
+		{name: "valid with unknown fields", status: map[string]any{"uuid": valid, "extra": []any{1.0}}, wantID: valid},
+		{name: "not a uuid", status: map[string]any{"uuid": "NA"}, wantProblem: `status.uuid "NA" is not a UUID`},
+		{name: "urn form is not accepted", status: map[string]any{"uuid": "urn:uuid:" + valid}, wantProblem: "is not a UUID"},
+		{name: "uuid of wrong type", status: map[string]any{"uuid": int64(7)}, wantProblem: "status.uuid is a int64, not a string"},
+		{name: "status of wrong type", status: "done", wantProblem: "status is not an object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj := newUuid("ns", "a", "1")
+			if tt.status != nil {
+				obj.Object["status"] = tt.status
+			}
+			id, problem := existingUUID(obj)
+			if id != tt.wantID {
+				t.Errorf("id = %q, want %q", id, tt.wantID)
+			}
+			if (tt.wantProblem == "") != (problem == "") || !strings.Contains(problem, tt.wantProblem) {
+				t.Errorf("problem = %q, want it to contain %q", problem, tt.wantProblem)
+			}
+		})
+	}
+}
+
+func TestStatusPatch(t *testing.T) {
+	id := uuid.MustParse("0b8f0c5e-1c1a-4d6b-a3f5-0f2b9b7e6c11")
+	b, err := statusPatch("42", assignedStatus(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"metadata": map[string]any{"resourceVersion": "42"},
+		"status":   map[string]any{"state": "Ok", "message": MessageAssigned, "uuid": id.String()},
+	}
+	if string(mustJSON(t, got)) != string(mustJSON(t, want)) {
+		t.Errorf("patch = %s, want %s", b, mustJSON(t, want))
+	}
+
+	if _, err := statusPatch("", assignedStatus(id)); err == nil {
+		t.Error("a patch without a resourceVersion precondition was built")
+	}
+}
+
+func TestErrorStatus(t *testing.T) {
+	st := errorStatus(errors.New("boom"))
+	if st.State != StateError || st.Message != "boom" || st.UUID != "" {
+		t.Errorf("errorStatus = %+v", st)
+	}
+	long := errorStatus(errors.New(strings.Repeat("x", 5000)))
+	if len(long.Message) != maxMessageLen {
+		t.Errorf("message length = %d, want it cut to %d", len(long.Message), maxMessageLen)
+	}
+}
+
+func TestTrimForCache(t *testing.T) {
+	obj := newUuid("ns", "a", "7")
+	obj.SetUID("uid-1")
+	obj.SetAnnotations(map[string]string{"big": strings.Repeat("y", 1000)})
+	obj.Object["spec"] = map[string]any{"anything": "here"}
+	obj.Object["status"] = map[string]any{"uuid": "u"}
+	obj.SetManagedFields(nil)
+	got, err := trimForCache(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := got.(*unstructured.Unstructured)
+	if u.GetName() != "a" || u.GetNamespace() != "ns" || u.GetResourceVersion() != "7" || u.GetUID() != "uid-1" ||
+		u.GetKind() != "Uuid" || u.GetAPIVersion() != "demo.operator/v1" {
+		t.Errorf("identity lost: %v", u.Object)
+	}
+	if _, ok := u.Object["spec"]; ok {
+		t.Error("spec kept in cache")
+	}
+	if len(u.GetAnnotations()) != 0 {
+		t.Error("annotations kept in cache")
+	}
+	if s, _, _ := unstructured.NestedString(u.Object, "status", "uuid"); s != "u" {
+		t.Errorf("status.uuid = %q, want kept", s)
+	}
+	if _, ok := obj.Object["spec"]; !ok {
+		t.Error("trimForCache modified its input")
+	}
+	other := "not an object"
+	if got, _ := trimForCache(other); got != other {
+		t.Error("a non-unstructured value was not passed through")
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
