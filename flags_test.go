@@ -1,0 +1,105 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func parse(args ...string) (*config, error) {
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return parseFlags(fs, args)
+}
+
+func TestFlagDefaultsAreValid(t *testing.T) {
+	c, err := parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" {
+		t.Errorf("defaults = %+v", c)
+	}
+	if c, err := parse("--event-level=normal"); err != nil || c.eventLevel != "Normal" {
+		t.Errorf("event level not normalised: %v, %v", c, err)
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workers=0"}, "--workers must be at least 1"},
+		{[]string{"--max-retries=-1"}, "--max-retries must not be negative"},
+		{[]string{"--resync=-1s"}, "--resync must not be negative"},
+		{[]string{"--kube-api-qps=0"}, "must be positive"},
+		{[]string{"--shutdown-timeout=0"}, "--shutdown-timeout must be positive"},
+		{[]string{"--event-level=Info"}, `--event-level must be Normal or Warning, got "Info"`},
+		{[]string{"--leader-elect", "--leader-elect-lease-duration=5s"}, "must exceed"},
+		{[]string{"--leader-elect", "--leader-elect-name="}, "--leader-elect-name must not be empty"},
+		{[]string{"--leader-elect", "--leader-elect-retry-period=0"}, "durations must be positive"},
+		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--no-such-flag"}, "not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, err := parse(tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHealthHandler(t *testing.T) {
+	ready := false
+	h := healthHandler(func() bool { return ready })
+	get := func(path string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code
+	}
+	if code := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d", code)
+	}
+	if code := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before sync = %d, want 503", code)
+	}
+	ready = true
+	if code := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after sync = %d, want 200", code)
+	}
+}
+
+func TestMetricsHandlerServesControllerAndQueueMetrics(t *testing.T) {
+	m := NewMetrics()
+	m.Assigned.Inc()
+	queues := registerWorkqueueMetrics()
+	f := newFixture(t, Options{}) // its queue is named, so it reports to the provider
+	f.ctrl.queue.Add(key("ns", "a"))
+	h := metricsHandler(m.Registry, queues)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{"uuid_controller_uuids_assigned_total 1", `workqueue_adds_total{name="uuid"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestServeRejectsBadAddress(t *testing.T) {
+	f := newFixture(t, Options{})
+	if _, err := serve(f.ctx, "health", "not-an-address", http.NewServeMux()); err == nil {
+		t.Error("a bad listen address was accepted")
+	}
+	wait, err := serve(f.ctx, "health", "0", http.NewServeMux())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait() // a disabled server returns at once
+}
