@@ -1,0 +1,12 @@
+//go:build linux
+
+package cluster
+
+import "syscall"
+
+// procAttr puts a child in its own process group (so Stop can signal the
+// whole group) and asks the kernel to SIGKILL it if this process dies, so a
+// killed test binary does not leak etcd or kube-apiserver.
+func procAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
