@@ -1,0 +1,172 @@
+// Command cluster runs a local etcd + kube-apiserver (see test/cluster),
+// applies the CRD and the given manifests, and writes an admin kubeconfig.
+//
+//	go run ./hack/cluster                       # until Ctrl-C
+//	go run ./hack/cluster -- kubectl get uuid   # run a command against it, then stop
+//
+// With a command after "--", the command runs with KUBECONFIG set and the
+// bin dir first in PATH; the cluster stops when it ends and this program
+// exits with its exit code.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	binDir := flag.String("bin-dir", "", "dir with etcd, kube-apiserver, kubectl (default $KUBE_TEST_BIN_DIR or <repo>/bin)")
+	kubeconfigOut := flag.String("kubeconfig-out", ".local/kubeconfig", "where to copy the admin kubeconfig")
+	apply := flag.String("apply", "deploy/namespace.yaml,deploy/rbac.yaml", "comma-separated manifests to apply after the CRD (relative to the repo root unless absolute)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] [-- command [args...]]\n", os.Args[0])
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	command := flag.Args()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		log.Error("find repo root", "err", err)
+		return 1
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	c, err := cluster.Start(startCtx, cluster.Options{BinDir: *binDir, Logger: log})
+	cancel()
+	if err != nil {
+		log.Error("start cluster", "err", err)
+		return 1
+	}
+	defer func() {
+		if err := c.Stop(); err != nil {
+			log.Error("stop cluster", "err", err)
+		}
+	}()
+
+	var manifests []string
+	for _, m := range strings.Split(*apply, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if !filepath.IsAbs(m) {
+			m = filepath.Join(root, m)
+		}
+		manifests = append(manifests, m)
+	}
+	if len(manifests) > 0 {
+		if err := c.Apply(ctx, manifests...); err != nil {
+			log.Error("apply manifests", "err", err)
+			return 1
+		}
+		log.Info("applied", "manifests", manifests)
+	}
+
+	kc, err := filepath.Abs(*kubeconfigOut)
+	if err != nil {
+		log.Error("kubeconfig path", "err", err)
+		return 1
+	}
+	if err := copyFile(c.AdminKubeconfig(), kc); err != nil {
+		log.Error("write kubeconfig", "err", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "\nCluster %s is up (logs in %s).\n  export KUBECONFIG=%s\n  export PATH=%s:$PATH\n  kubectl get uuid -A\n\n",
+		c.URL(), c.Dir(), kc, c.BinDir())
+
+	if len(command) == 0 {
+		log.Info("running until SIGINT/SIGTERM")
+		<-ctx.Done()
+		log.Info("signal received, stopping")
+		return 0
+	}
+	return runCommand(ctx, log, command, kc, c.BinDir())
+}
+
+// runCommand runs command with KUBECONFIG and PATH set. When ctx is
+// cancelled (SIGINT/SIGTERM) the command gets SIGTERM, and SIGKILL 30 s
+// later if it is still running.
+func runCommand(ctx context.Context, log *slog.Logger, command []string, kubeconfig, binDir string) int {
+	env := os.Environ()
+	path := binDir
+	if p := os.Getenv("PATH"); p != "" {
+		path += string(os.PathListSeparator) + p
+	}
+	env = append(env, "KUBECONFIG="+kubeconfig, "PATH="+path)
+	// Resolve the program with the new PATH, so bin/kubectl wins.
+	prog := command[0]
+	if !strings.Contains(prog, "/") {
+		if p, err := lookPath(prog, path); err == nil {
+			prog = p
+		}
+	}
+	cmd := exec.CommandContext(ctx, prog, command[1:]...)
+	cmd.Args[0] = command[0]
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	log.Info("running command", "command", command)
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		log.Info("command finished", "exit_code", 0)
+		return 0
+	case errors.As(err, &ee):
+		code := ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		log.Info("command finished", "exit_code", code)
+		return code
+	default:
+		log.Error("run command", "command", command, "err", err)
+		return 127
+	}
+}
+
+func lookPath(name, pathList string) (string, error) {
+	for _, dir := range filepath.SplitList(pathList) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", exec.ErrNotFound
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
+}
