@@ -60,3 +60,8 @@ deploy: install
 ## docker-build: the image (needs a container engine)
 docker-build:
 	docker build -t uuid-controller:latest .
+
+.PHONY: demo
+## demo: local cluster + controller + examples/uuid.yaml + kubectl get id; Ctrl-C stops all
+demo: tools
+	go run ./hack/cluster -- hack/demo.sh
