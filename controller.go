@@ -202,6 +202,9 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 // handleErr is the one place for retry policy.
 func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err error) {
 	logger := klog.FromContext(ctx)
+	ref := klog.KRef(key.Namespace, key.Name)
+	// Read before any Forget, which resets the count.
+	attempts := c.queue.NumRequeues(key) + 1
 	switch {
 	case err == nil, apierrors.IsNotFound(err):
 		// Not found: the object was deleted between the cache read and the
@@ -211,17 +214,17 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
 		// that writer assigned a UUID, writes nothing.
-		logger.V(2).Info("Conflict writing status, will retry", "object", klog.KRef(key.Namespace, key.Name))
+		logger.V(2).Info("Conflict writing status, will retry", "object", ref)
 		c.queue.AddRateLimited(key)
-	case c.queue.NumRequeues(key) < c.opts.MaxRetries && !isPermanent(err):
-		logger.Error(err, "Failed to assign UUID, will retry", "object", klog.KRef(key.Namespace, key.Name),
-			"attempt", c.queue.NumRequeues(key)+1, "maxRetries", c.opts.MaxRetries)
+	case attempts <= c.opts.MaxRetries && !isPermanent(err):
+		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
+			"attempt", attempts, "maxRetries", c.opts.MaxRetries)
 		c.queue.AddRateLimited(key)
 	default:
 		c.queue.Forget(key)
 		c.metrics.Dropped.Inc()
 		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object out of the queue",
-			"object", klog.KRef(key.Namespace, key.Name), "attempts", c.queue.NumRequeues(key)+1)
+			"object", ref, "attempts", attempts)
 		c.markFailed(ctx, key, err)
 	}
 }
