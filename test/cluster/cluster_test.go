@@ -61,16 +61,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("AdminKubeconfig", func(t *testing.T) {
-		cfg, err := clientcmd.BuildConfigFromFlags("", c.AdminKubeconfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := kubernetes.NewForConfigOrDie(cfg)
-		ssr, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if u := ssr.Status.UserInfo.Username; u != "admin" {
+		if u := whoami(ctx, t, clientFor(t, c.AdminKubeconfig())); u != "admin" {
 			t.Errorf("admin kubeconfig user = %q, want admin", u)
 		}
 	})
@@ -142,16 +133,8 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := kubernetes.NewForConfigOrDie(cfg)
-		ssr, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := ssr.Status.UserInfo.Username, "system:serviceaccount:sa-test:limited"; got != want {
+		cs := clientFor(t, path)
+		if got, want := whoami(ctx, t, cs), "system:serviceaccount:sa-test:limited"; got != want {
 			t.Errorf("identity = %q, want %q", got, want)
 		}
 		_, err = cs.CoreV1().Secrets("sa-test").List(ctx, metav1.ListOptions{})
@@ -164,11 +147,7 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err = clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs = kubernetes.NewForConfigOrDie(cfg)
+		cs = clientFor(t, path)
 		for _, tc := range []struct {
 			verb, sub string
 			want      bool
@@ -216,15 +195,7 @@ func TestCluster(t *testing.T) {
 			t.Errorf("status.uuid lost across restart: %v", got.Object)
 		}
 		// A token issued before the restart still works.
-		cfg, err := clientcmd.BuildConfigFromFlags("", saPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ssr, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("old ServiceAccount token after restart: %v", err)
-		}
-		if got := ssr.Status.UserInfo.Username; got != "system:serviceaccount:sa-test:limited" {
+		if got := whoami(ctx, t, clientFor(t, saPath)); got != "system:serviceaccount:sa-test:limited" {
 			t.Errorf("identity after restart = %q", got)
 		}
 	})
@@ -274,4 +245,24 @@ func repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return root
+}
+
+// clientFor builds a clientset from a kubeconfig file the cluster wrote.
+func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+// whoami asks the apiserver which user cs authenticates as.
+func whoami(ctx context.Context, t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	ssr, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SelfSubjectReview: %v", err)
+	}
+	return ssr.Status.UserInfo.Username
 }
