@@ -14,19 +14,37 @@ import (
 // verb, group, version, resource, subresource, scope, component, dry_run,
 // code). metricsText is Prometheus text as returned by Cluster.Metrics.
 func RequestTotal(metricsText string, match func(labels map[string]string) bool) (float64, error) {
+	return MetricSum(metricsText, "apiserver_request_total", match)
+}
+
+// MetricSum sums the values of the counter, gauge or untyped family name
+// over the series whose labels satisfy match (nil matches all). A family
+// that is absent sums to 0: Prometheus client libraries leave out a
+// labelled counter until it is first incremented.
+func MetricSum(metricsText, name string, match func(labels map[string]string) bool) (float64, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(metricsText))
 	if err != nil {
 		return 0, fmt.Errorf("cluster: parse metrics: %w", err)
 	}
-	fam, ok := fams["apiserver_request_total"]
+	fam, ok := fams[name]
 	if !ok {
 		return 0, nil
 	}
 	var sum float64
 	for _, m := range fam.GetMetric() {
-		if match == nil || match(labelMap(m)) {
+		if match != nil && !match(labelMap(m)) {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
 			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			sum += m.GetUntyped().GetValue()
+		default:
+			return 0, fmt.Errorf("cluster: metric %s is not a counter, gauge or untyped value", name)
 		}
 	}
 	return sum, nil

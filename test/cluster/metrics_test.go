@@ -44,3 +44,33 @@ func TestRequestTotal(t *testing.T) {
 		t.Error("StatusWrites(garbage) gave no error")
 	}
 }
+
+func TestMetricSum(t *testing.T) {
+	text := `# TYPE uuid_controller_status_writes_total counter
+uuid_controller_status_writes_total{result="ok"} 5
+uuid_controller_status_writes_total{result="conflict"} 2
+# TYPE uuid_controller_leader gauge
+uuid_controller_leader 1
+# TYPE apiserver_request_duration_seconds histogram
+apiserver_request_duration_seconds_bucket{le="+Inf"} 9
+apiserver_request_duration_seconds_sum 0.5
+apiserver_request_duration_seconds_count 9
+`
+	for _, tc := range []struct {
+		name  string
+		match func(map[string]string) bool
+		want  float64
+	}{
+		{"uuid_controller_status_writes_total", nil, 7},
+		{"uuid_controller_status_writes_total", func(l map[string]string) bool { return l["result"] == "ok" }, 5},
+		{"uuid_controller_leader", nil, 1},
+		{"absent_total", nil, 0},
+	} {
+		if got, err := MetricSum(text, tc.name, tc.match); err != nil || got != tc.want {
+			t.Errorf("MetricSum(%s) = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := MetricSum(text, "apiserver_request_duration_seconds", nil); err == nil {
+		t.Error("MetricSum of a histogram gave no error")
+	}
+}
