@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// Config is what one benchmark run measures.
+type Config struct {
+	// Ns are the object counts, each measured with every case.
+	Ns []int
+	// Concurrency is the number of goroutines creating objects, in the raw
+	// loop and in the controller's burst alike.
+	Concurrency int
+	// Warmup is how long the raw loop runs on throwaway objects before
+	// anything is measured: a fresh apiserver is slow for its first 20-30 s.
+	Warmup time.Duration
+	// IdleCount objects are created IdleInterval apart for the idle case.
+	IdleCount    int
+	IdleInterval time.Duration
+	// Settle is how long a case waits after its last expected write before
+	// it reads the write counters, so late or extra writes are counted.
+	Settle time.Duration
+	// ControllerArgs are appended to the controller's flags (after
+	// --namespace), e.g. --workers=8.
+	ControllerArgs []string
+	// Command is shown in the report as how it was produced.
+	Command string
+	// Logger receives progress. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if len(c.Ns) == 0 {
+		errs = append(errs, errors.New("no object counts given"))
+	}
+	for _, n := range c.Ns {
+		if n < 1 {
+			errs = append(errs, fmt.Errorf("object count must be positive, got %d", n))
+		}
+	}
+	if c.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("concurrency must be at least 1, got %d", c.Concurrency))
+	}
+	if c.IdleCount < 1 || c.IdleInterval <= 0 {
+		errs = append(errs, fmt.Errorf("idle case needs a positive count and interval, got %d and %s", c.IdleCount, c.IdleInterval))
+	}
+	if c.Warmup < 0 || c.Settle < 0 {
+		errs = append(errs, errors.New("warm-up and settle must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// bench is one run's shared state: the cluster, the controller binary and
+// the admin clients.
+type bench struct {
+	cfg        Config
+	log        *slog.Logger
+	cluster    *cluster.Cluster
+	binary     string
+	kubeconfig string
+	dyn        dynamic.Interface
+	kube       kubernetes.Interface
+}
+
+// Run builds the controller, starts a local cluster, warms it up, measures
+// every case for every N and stops everything. The report holds the Ns
+// finished before any error.
+func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &bench{cfg: cfg, log: cfg.Logger}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+
+	binDir, err := os.MkdirTemp("", "uuid-bench-bin-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(binDir)
+	b.log.Info("building the controller")
+	if b.binary, err = cluster.BuildController(ctx, binDir); err != nil {
+		return nil, err
+	}
+
+	b.log.Info("starting the cluster")
+	if b.cluster, err = cluster.Start(ctx, cluster.Options{Logger: b.log}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if stopErr := b.cluster.Stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("stopping the cluster: %w", stopErr))
+		}
+	}()
+	if b.kubeconfig, err = b.cluster.ControllerKubeconfig(ctx); err != nil {
+		return nil, err
+	}
+	if b.dyn, err = dynamic.NewForConfig(b.cluster.AdminConfig()); err != nil {
+		return nil, err
+	}
+	if b.kube, err = kubernetes.NewForConfig(b.cluster.AdminConfig()); err != nil {
+		return nil, err
+	}
+
+	rep := newReport(cfg)
+	rep.Server = fmt.Sprintf("kube-apiserver %s, etcd %s",
+		moduleVersion(filepath.Join(b.cluster.BinDir(), cluster.APIServerBinary)),
+		moduleVersion(filepath.Join(b.cluster.BinDir(), cluster.EtcdBinary)))
+	if err := b.warmup(ctx); err != nil {
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	for _, n := range cfg.Ns {
+		res, err := b.runN(ctx, n)
+		if err != nil {
+			return rep, fmt.Errorf("N=%d: %w", n, err)
+		}
+		rep.Results = append(rep.Results, res)
+	}
+	return rep, nil
+}
+
+// caseTimeout bounds one case at n objects: two minutes plus 10 ms an
+// object (100 objects/s, a quarter of what this apiserver does warm).
+func caseTimeout(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n)*10*time.Millisecond
+}
+
+// warmup runs the raw loop on throwaway objects for cfg.Warmup.
+func (b *bench) warmup(ctx context.Context) error {
+	if b.cfg.Warmup <= 0 {
+		return nil
+	}
+	const ns, batch = "bench-warmup", 200
+	if err := createNamespace(ctx, b.kube, ns); err != nil {
+		return err
+	}
+	b.log.Info("warming up the apiserver", "for", b.cfg.Warmup)
+	l := &loader{client: b.dyn.Resource(cluster.UuidGVR).Namespace(ns), concurrency: b.cfg.Concurrency, patch: true}
+	start := time.Now()
+	total := 0
+	for i := 0; time.Since(start) < b.cfg.Warmup; i++ {
+		if err := l.run(ctx, objectNames(fmt.Sprintf("w%d-", i), batch)); err != nil {
+			return err
+		}
+		total += batch
+	}
+	b.log.Info("warmed up", "objects", total, "perSecond", int(float64(total)/time.Since(start).Seconds()))
+	return nil
+}
+
+// runN measures every case at n objects: the raw loop, the controller's
+// burst, its restart and its idle latency, and the raw loop again, so the
+// controller is compared with the limit measured on both sides of it.
+func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
+	r := &Result{N: n}
+	var err error
+	if r.RawBefore, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-before-%d", n), n); err != nil {
+		return nil, fmt.Errorf("raw loop (before): %w", err)
+	}
+	if err := b.controllerCases(ctx, n, r); err != nil {
+		return nil, err
+	}
+	if r.RawAfter, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-after-%d", n), n); err != nil {
+		return nil, fmt.Errorf("raw loop (after): %w", err)
+	}
+	if raw := (r.RawBefore.PerSecond + r.RawAfter.PerSecond) / 2; raw > 0 {
+		r.Ratio = r.Burst.PerSecond / raw
+	}
+	b.log.Info("done", "n", n, "rawBefore", int(r.RawBefore.PerSecond), "controller", int(r.Burst.PerSecond),
+		"rawAfter", int(r.RawAfter.PerSecond), "ratio", fmt.Sprintf("%.3f", r.Ratio))
+	return r, nil
+}

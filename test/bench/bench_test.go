@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchSmoke runs the whole benchmark at a tiny N against a real
+// cluster, so the program does not rot. It checks the report's shape and
+// the figures that must come out exact (writes per object); it never
+// asserts on timing.
+func TestBenchSmoke(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	const n = 20
+	rep, err := Run(ctx, Config{
+		Ns:           []int{n},
+		Concurrency:  4,
+		IdleCount:    5,
+		IdleInterval: 50 * time.Millisecond,
+		Settle:       time.Second,
+		Command:      "TestBenchSmoke",
+		Logger:       benchLogger(slog.LevelWarn),
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rep.Results) != 1 {
+		t.Fatalf("got %d results, want 1", len(rep.Results))
+	}
+	r := rep.Results[0]
+	md := rep.Markdown()
+	t.Log("\n" + md)
+
+	for _, row := range rows {
+		if !strings.Contains(md, "| "+row.label+" |") {
+			t.Errorf("report has no row %q", row.label)
+		}
+	}
+	if !strings.Contains(md, "| N = 20 |") {
+		t.Errorf("report has no column for N = 20")
+	}
+	// The header, the separator and one line per row.
+	if got := strings.Count(md, "\n|"); got != len(rows)+2 {
+		t.Errorf("report has %d table lines, want %d", got, len(rows)+2)
+	}
+
+	// Exact by design: one status write per new object, none on restart.
+	if r.BurstWritesController != 1 || r.BurstWritesAPI != 1 {
+		t.Errorf("burst writes per object: controller %v, apiserver %v; want 1 and 1", r.BurstWritesController, r.BurstWritesAPI)
+	}
+	if r.RestartWritesController != 0 || r.RestartWritesAPI != 0 || r.RestartQueued != 0 {
+		t.Errorf("restart: writes controller %v, apiserver %v, queued %v; want all 0",
+			r.RestartWritesController, r.RestartWritesAPI, r.RestartQueued)
+	}
+	if r.IdleWritesController != 1 {
+		t.Errorf("idle writes per object = %v, want 1", r.IdleWritesController)
+	}
+	// Every object was measured, and the figures are filled in.
+	for name, s := range map[string]Summary{"raw before": r.RawBefore.Latency, "raw after": r.RawAfter.Latency, "burst": r.Burst.Latency} {
+		if s.Count != n {
+			t.Errorf("%s: %d latencies, want %d", name, s.Count, n)
+		}
+	}
+	if r.Idle.Count != 5 {
+		t.Errorf("idle: %d latencies, want 5", r.Idle.Count)
+	}
+	if r.Burst.PerSecond <= 0 || r.RawBefore.PerSecond <= 0 || r.RawAfter.PerSecond <= 0 || r.Ratio <= 0 {
+		t.Errorf("throughputs not filled in: %+v", r)
+	}
+	if r.Memory.BaselineRSS <= 0 || r.Memory.BurstRSS < r.Memory.BaselineRSS || r.Memory.RestartRSS <= 0 || r.Memory.BurstHeap <= 0 {
+		t.Errorf("memory not filled in: %+v", r.Memory)
+	}
+	if r.RestartReady <= 0 {
+		t.Errorf("restart time to ready not measured")
+	}
+}
+
+func TestParseCounts(t *testing.T) {
+	got, err := parseCounts("1000, 10_000,100000")
+	if err != nil || len(got) != 3 || got[0] != 1000 || got[1] != 10000 || got[2] != 100000 {
+		t.Errorf("parseCounts = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "0", "-5", "1k", "10,,20"} {
+		if _, err := parseCounts(bad); err == nil {
+			t.Errorf("parseCounts(%q): no error", bad)
+		}
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for n, want := range map[int]string{1: "1", 999: "999", 1000: "1,000", 10000: "10,000", 100000: "100,000", 1234567: "1,234,567"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// Throughput is one load of n new objects: how long until the last one was
+// seen with a UUID, and each one's create-to-status latency.
+type Throughput struct {
+	// Elapsed runs from just before the first create to the watch's first
+	// sighting of the last object's UUID.
+	Elapsed   time.Duration
+	PerSecond float64
+	// Latency runs from an object's create call returning to the watch
+	// seeing its UUID.
+	Latency Summary
+	// FromTimestamp runs from the object's creationTimestamp, which has
+	// 1 s resolution (truncated), so it reads up to 1 s high.
+	FromTimestamp Summary
+	// Early counts sightings before the create call's response was read
+	// (counted as 0 latency).
+	Early int
+	// Retries counts requests repeated after a transient error.
+	Retries int64
+}
+
+// load creates n objects obj-000000... in ns at cfg.Concurrency, patching
+// each one's status right after its create when patch is set, and waits
+// until a watch has seen every one with a UUID.
+func (b *bench) load(ctx context.Context, ns string, n int, patch bool) (Throughput, error) {
+	ctx, cancel := context.WithTimeout(ctx, caseTimeout(n))
+	defer cancel()
+	obs, err := observe(ctx, b.dyn, ns, "obj-")
+	if err != nil {
+		return Throughput{}, err
+	}
+	defer obs.stop()
+	l := &loader{
+		client:      b.dyn.Resource(cluster.UuidGVR).Namespace(ns),
+		concurrency: b.cfg.Concurrency,
+		patch:       patch,
+		onCreated:   obs.markCreated,
+	}
+	start := time.Now()
+	if err := l.run(ctx, objectNames("obj-", n)); err != nil {
+		return Throughput{}, err
+	}
+	created := time.Since(start)
+	if err := obs.wait(ctx, n); err != nil {
+		return Throughput{}, err
+	}
+	fromCreate, fromTS, early := obs.latencies()
+	t := Throughput{
+		Elapsed:       obs.lastSeen().Sub(start),
+		Latency:       Summarize(fromCreate),
+		FromTimestamp: Summarize(fromTS),
+		Early:         early,
+		Retries:       l.retries.Load(),
+	}
+	t.PerSecond = float64(n) / t.Elapsed.Seconds()
+	b.log.Info("load done", "namespace", ns, "n", n, "statusPatches", patch, "createsTook", created.Round(time.Millisecond),
+		"elapsed", t.Elapsed.Round(time.Millisecond), "perSecond", int(t.PerSecond),
+		"p50", t.Latency.P50, "p99", t.Latency.P99, "retries", t.Retries, "early", early)
+	return t, nil
+}
+
+// rawCase is the limit: no controller, the benchmark itself creates each
+// object and patches its status, the same two requests per object.
+func (b *bench) rawCase(ctx context.Context, ns string, n int) (Throughput, error) {
+	if err := createNamespace(ctx, b.kube, ns); err != nil {
+		return Throughput{}, err
+	}
+	b.log.Info("raw loop", "namespace", ns, "n", n, "concurrency", b.cfg.Concurrency)
+	return b.load(ctx, ns, n, true)
+}
+
+// controllerCases runs a controller on an empty namespace (the memory
+// baseline), bursts n objects at it, then restarts it over the n finished
+// objects and measures idle latency with the restarted one.
+func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
+	ns := fmt.Sprintf("bench-ctrl-%d", n)
+	if err := createNamespace(ctx, b.kube, ns); err != nil {
+		return err
+	}
+	p, err := b.startController(ctx, ns)
+	if err != nil {
+		return err
+	}
+	defer b.stopController(p)
+	if err := b.burst(ctx, p, ns, n, r); err != nil {
+		return fmt.Errorf("burst: %w", err)
+	}
+	b.stopController(p)
+
+	p2, err := b.restart(ctx, ns, r)
+	if err != nil {
+		return fmt.Errorf("restart: %w", err)
+	}
+	defer b.stopController(p2)
+	if err := b.idle(ctx, p2, ns, r); err != nil {
+		return fmt.Errorf("idle: %w", err)
+	}
+	if r.Memory.RestartRSS, err = p2.PeakRSS(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// burst creates n objects as fast as the apiserver takes them while the
+// controller p runs, and counts its writes and memory.
+func (b *bench) burst(ctx context.Context, p *cluster.ControllerProcess, ns string, n int, r *Result) error {
+	// The baseline: a controller that is up, synced and has nothing cached.
+	if err := sleep(ctx, time.Second); err != nil {
+		return err
+	}
+	var err error
+	if r.Memory.BaselineRSS, r.Memory.BaselineHeap, err = memory(ctx, p); err != nil {
+		return err
+	}
+	ctrlBefore, err := controllerWrites(ctx, p)
+	if err != nil {
+		return err
+	}
+	apiBefore, err := b.apiStatusWrites(ctx)
+	if err != nil {
+		return err
+	}
+	b.log.Info("controller burst", "namespace", ns, "n", n, "concurrency", b.cfg.Concurrency)
+	if r.Burst, err = b.load(ctx, ns, n, false); err != nil {
+		return err
+	}
+	ctrlAfter, err := b.settledWrites(ctx, p, ctrlBefore+float64(n))
+	if err != nil {
+		return err
+	}
+	apiAfter, err := b.apiStatusWrites(ctx)
+	if err != nil {
+		return err
+	}
+	r.BurstWritesController = (ctrlAfter - ctrlBefore) / float64(n)
+	r.BurstWritesAPI = (apiAfter - apiBefore) / float64(n)
+	if r.Memory.BurstRSS, r.Memory.BurstHeap, err = memory(ctx, p); err != nil {
+		return err
+	}
+	b.log.Info("burst writes and memory", "writesPerObjectController", r.BurstWritesController,
+		"writesPerObjectAPIServer", r.BurstWritesAPI, "peakRSS", r.Memory.BurstRSS, "heap", r.Memory.BurstHeap)
+	return nil
+}
+
+// restart starts a fresh controller over the n objects that already have
+// UUIDs and measures its time to ready and the writes it makes (none are
+// expected). The returned controller is left running.
+func (b *bench) restart(ctx context.Context, ns string, r *Result) (*cluster.ControllerProcess, error) {
+	apiBefore, err := b.apiStatusWrites(ctx)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	p, err := b.startController(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	r.RestartReady = time.Since(start)
+	if err := sleep(ctx, b.cfg.Settle); err != nil {
+		return p, err
+	}
+	text, err := p.Metrics(ctx)
+	if err != nil {
+		return p, err
+	}
+	if r.RestartWritesController, err = cluster.MetricSum(text, "uuid_controller_status_writes_total", nil); err != nil {
+		return p, err
+	}
+	if r.RestartQueued, err = cluster.MetricSum(text, "workqueue_adds_total", byName("uuid")); err != nil {
+		return p, err
+	}
+	apiAfter, err := b.apiStatusWrites(ctx)
+	if err != nil {
+		return p, err
+	}
+	r.RestartWritesAPI = apiAfter - apiBefore
+	b.log.Info("restart", "namespace", ns, "ready", r.RestartReady.Round(time.Millisecond),
+		"writesController", r.RestartWritesController, "writesAPIServer", r.RestartWritesAPI, "queued", r.RestartQueued)
+	return p, nil
+}
+
+// idle creates cfg.IdleCount objects one at a time, cfg.IdleInterval apart,
+// beside the n objects already there, and measures each one's latency.
+func (b *bench) idle(ctx context.Context, p *cluster.ControllerProcess, ns string, r *Result) error {
+	count := b.cfg.IdleCount
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(count)*b.cfg.IdleInterval+2*time.Minute)
+	defer cancel()
+	obs, err := observe(ctx, b.dyn, ns, "idle-")
+	if err != nil {
+		return err
+	}
+	defer obs.stop()
+	ctrlBefore, err := controllerWrites(ctx, p)
+	if err != nil {
+		return err
+	}
+	l := &loader{client: b.dyn.Resource(cluster.UuidGVR).Namespace(ns), concurrency: 1, onCreated: obs.markCreated}
+	b.log.Info("idle", "namespace", ns, "objects", count, "interval", b.cfg.IdleInterval)
+	start := time.Now()
+	for i, name := range objectNames("idle-", count) {
+		if err := sleep(ctx, time.Until(start.Add(time.Duration(i)*b.cfg.IdleInterval))); err != nil {
+			return err
+		}
+		if err := l.one(ctx, name); err != nil {
+			return err
+		}
+	}
+	if err := obs.wait(ctx, count); err != nil {
+		return err
+	}
+	fromCreate, _, early := obs.latencies()
+	r.Idle = Summarize(fromCreate)
+	ctrlAfter, err := b.settledWrites(ctx, p, ctrlBefore+float64(count))
+	if err != nil {
+		return err
+	}
+	r.IdleWritesController = (ctrlAfter - ctrlBefore) / float64(count)
+	b.log.Info("idle done", "p50", r.Idle.P50, "p99", r.Idle.P99, "max", r.Idle.Max, "early", early,
+		"writesPerObject", r.IdleWritesController)
+	return nil
+}
+
+// startController runs the controller as its ServiceAccount on ns only and
+// waits until its cache has synced.
+func (b *bench) startController(ctx context.Context, ns string) (*cluster.ControllerProcess, error) {
+	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
+		Binary:     b.binary,
+		Kubeconfig: b.kubeconfig,
+		Args:       append([]string{"--namespace", ns}, b.cfg.ControllerArgs...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := p.WaitReady(ctx, 5*time.Minute); err != nil {
+		b.stopController(p)
+		return nil, err
+	}
+	return p, nil
+}
+
+// stopController stops p (SIGTERM) if it still runs; an unclean exit is
+// logged, not fatal: shutdown is not what is measured here.
+func (b *bench) stopController(p *cluster.ControllerProcess) {
+	if p.Exited() {
+		return
+	}
+	if code, took := p.Stop(); code != 0 {
+		b.log.Warn("controller exited uncleanly", "pid", p.PID(), "code", code, "took", took)
+	}
+}
+
+// settledWrites waits until the controller has counted at least want status
+// writes, then cfg.Settle more for stray ones, and returns its count.
+func (b *bench) settledWrites(ctx context.Context, p *cluster.ControllerProcess, want float64) (float64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := controllerWrites(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		if got >= want || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	if err := sleep(ctx, b.cfg.Settle); err != nil {
+		return 0, err
+	}
+	return controllerWrites(ctx, p)
+}
+
+// apiStatusWrites is the apiserver's count of writes to uuid/status.
+func (b *bench) apiStatusWrites(ctx context.Context) (float64, error) {
+	text, err := b.cluster.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return cluster.StatusWrites(text)
+}
+
+// controllerWrites is the controller's count of status writes, whatever
+// their result.
+func controllerWrites(ctx context.Context, p *cluster.ControllerProcess) (float64, error) {
+	text, err := p.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return cluster.MetricSum(text, "uuid_controller_status_writes_total", nil)
+}
+
+// memory is p's peak RSS (VmHWM) and its Go heap in use now.
+func memory(ctx context.Context, p *cluster.ControllerProcess) (peakRSS, heap int64, err error) {
+	if peakRSS, err = p.PeakRSS(); err != nil {
+		return 0, 0, err
+	}
+	text, err := p.Metrics(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	h, err := cluster.MetricSum(text, "go_memstats_heap_alloc_bytes", nil)
+	return peakRSS, int64(h), err
+}
+
+func byName(name string) func(map[string]string) bool {
+	return func(l map[string]string) bool { return l["name"] == name }
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// observer watches one namespace and records, per object whose name has
+// prefix, when the create call that made it returned and when the watch
+// first delivered it with a non-empty status.uuid.
+type observer struct {
+	prefix string
+	cancel context.CancelFunc
+	done   chan struct{}
+	notify chan struct{} // a value is sent (without blocking) on every first sighting
+
+	mu      sync.Mutex
+	created map[string]time.Time // create call returned
+	seen    map[string]sighting
+	err     error // the watch ended before it was stopped
+}
+
+type sighting struct {
+	at      time.Time   // when this process decoded the event
+	created metav1.Time // the object's creationTimestamp (1 s resolution)
+}
+
+// observe starts a watch on ns from the namespace's current resourceVersion,
+// so only changes after the call are seen. The watch is re-established on
+// its own if the apiserver closes it. Call stop when done.
+func observe(ctx context.Context, dyn dynamic.Interface, ns, prefix string) (*observer, error) {
+	client := dyn.Resource(cluster.UuidGVR).Namespace(ns)
+	// A list of one item still carries the collection's current resourceVersion.
+	list, err := client.List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return nil, fmt.Errorf("listing %s to start a watch: %w", ns, err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := watchtools.NewRetryWatcherWithContext(wctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return client.Watch(ctx, opts)
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching %s: %w", ns, err)
+	}
+	o := &observer{
+		prefix:  prefix,
+		cancel:  cancel,
+		done:    make(chan struct{}),
+		notify:  make(chan struct{}, 1),
+		created: map[string]time.Time{},
+		seen:    map[string]sighting{},
+	}
+	go o.run(wctx, w)
+	return o, nil
+}
+
+func (o *observer) run(ctx context.Context, w *watchtools.RetryWatcher) {
+	defer close(o.done)
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				o.fail(errors.New("watch closed"))
+				return
+			}
+			o.handle(ev)
+		}
+	}
+}
+
+func (o *observer) handle(ev watch.Event) {
+	now := time.Now()
+	switch ev.Type {
+	case watch.Added, watch.Modified:
+	case watch.Error:
+		o.fail(fmt.Errorf("watch error: %v", ev.Object))
+		return
+	default:
+		return
+	}
+	u, ok := ev.Object.(*unstructured.Unstructured)
+	if !ok || !strings.HasPrefix(u.GetName(), o.prefix) {
+		return
+	}
+	if id, _, _ := unstructured.NestedString(u.Object, "status", "uuid"); id == "" {
+		return
+	}
+	o.mu.Lock()
+	if _, dup := o.seen[u.GetName()]; !dup {
+		o.seen[u.GetName()] = sighting{at: now, created: u.GetCreationTimestamp()}
+	}
+	o.mu.Unlock()
+	select {
+	case o.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (o *observer) fail(err error) {
+	o.mu.Lock()
+	if o.err == nil {
+		o.err = err
+	}
+	o.mu.Unlock()
+	select {
+	case o.notify <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the watch and waits for its goroutine.
+func (o *observer) stop() {
+	o.cancel()
+	<-o.done
+}
+
+// markCreated records that the create call for name returned at t.
+func (o *observer) markCreated(name string, t time.Time) {
+	o.mu.Lock()
+	o.created[name] = t
+	o.mu.Unlock()
+}
+
+// wait blocks until n objects have been seen with a UUID, the watch fails,
+// or ctx ends.
+func (o *observer) wait(ctx context.Context, n int) error {
+	for {
+		o.mu.Lock()
+		got, err := len(o.seen), o.err
+		o.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%d of %d objects seen with a UUID: %w", got, n, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d objects seen with a UUID: %w", got, n, context.Cause(ctx))
+		case <-o.notify:
+		}
+	}
+}
+
+// lastSeen is the latest first sighting.
+func (o *observer) lastSeen() time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var last time.Time
+	for _, s := range o.seen {
+		if s.at.After(last) {
+			last = s.at
+		}
+	}
+	return last
+}
+
+// latencies returns, for every created object seen with a UUID, the time
+// from its create call's return to the sighting, and the time from its
+// creationTimestamp to the sighting. A sighting before the create call's
+// response was read (possible: the watch and the response race) counts as
+// 0; negative is how many did.
+func (o *observer) latencies() (fromCreate, fromTimestamp []time.Duration, negative int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	fromCreate = make([]time.Duration, 0, len(o.created))
+	fromTimestamp = make([]time.Duration, 0, len(o.created))
+	for name, c := range o.created {
+		s, ok := o.seen[name]
+		if !ok {
+			continue
+		}
+		d := s.at.Sub(c)
+		if d < 0 {
+			negative++
+			d = 0
+		}
+		fromCreate = append(fromCreate, d)
+		fromTimestamp = append(fromTimestamp, s.at.Sub(s.created.Time))
+	}
+	return fromCreate, fromTimestamp, negative
+}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bufio"
+	"debug/buildinfo"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Result is every figure measured at one N.
+type Result struct {
+	N int
+	// RawBefore and RawAfter are the raw loop run before and after the
+	// controller's cases; Burst is the controller's burst.
+	RawBefore, RawAfter, Burst Throughput
+	// Ratio is Burst's objects/s over the mean of the two raw loops'.
+	Ratio float64
+	// Status writes per new object in the burst.
+	BurstWritesController, BurstWritesAPI float64
+	// RestartReady runs from starting the new process to its /readyz.
+	RestartReady time.Duration
+	// Status writes (absolute) and workqueue adds of the restarted controller.
+	RestartWritesController, RestartWritesAPI, RestartQueued float64
+	Memory                                                   Memory
+	// Idle is create-to-status latency of objects created one at a time.
+	Idle                 Summary
+	IdleWritesController float64
+}
+
+// Memory is the controller's memory at one N, in bytes.
+type Memory struct {
+	// BaselineRSS and BaselineHeap: the burst's controller, synced on the
+	// still empty namespace.
+	BaselineRSS, BaselineHeap int64
+	// BurstRSS is its peak RSS and BurstHeap its heap in use after the burst.
+	BurstRSS, BurstHeap int64
+	// RestartRSS is the restarted controller's peak RSS (after idle).
+	RestartRSS int64
+}
+
+// Report is a whole run.
+type Report struct {
+	Date                     time.Time
+	CPUs                     int
+	CPUModel, Memory, GoInfo string
+	// Server names the apiserver's and etcd's versions.
+	Server  string
+	Config  Config
+	Results []*Result
+}
+
+func newReport(cfg Config) *Report {
+	return &Report{
+		Date:     time.Now(),
+		CPUs:     runtime.NumCPU(),
+		CPUModel: procField("/proc/cpuinfo", "model name"),
+		Memory:   memTotal(),
+		GoInfo:   fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH),
+		Config:   cfg,
+	}
+}
+
+// row is one line of the table: a label, the goal it is held against, and
+// its cell at one N.
+type row struct {
+	label, goal string
+	cell        func(r *Result) string
+}
+
+var rows = []row{
+	{"Raw loop before (create + status PATCH each): objects/s (elapsed)", "the limit", func(r *Result) string { return rate(r.RawBefore) }},
+	{"Raw loop after: objects/s (elapsed)", "the limit", func(r *Result) string { return rate(r.RawAfter) }},
+	{"Raw loop create-to-status p50 / p99 / max", "", func(r *Result) string { return pcts(r.RawBefore.Latency, true) }},
+	{"Controller burst: time until every object has a UUID", "", func(r *Result) string { return dur(r.Burst.Elapsed) }},
+	{"Controller burst: objects/s", "", func(r *Result) string { return fmt.Sprintf("%.0f/s", r.Burst.PerSecond) }},
+	{"Controller / raw throughput (raw: mean of before and after)", "≥ 0.90 at N = 10,000", func(r *Result) string {
+		return fmt.Sprintf("%.2f", r.Ratio) + markIf(r.N >= 10000, r.Ratio >= 0.9)
+	}},
+	{"Burst create-to-status p50 / p99 / max (from create call's return)", "", func(r *Result) string { return pcts(r.Burst.Latency, true) }},
+	{"Burst create-to-status p50 / p99 (from creationTimestamp, 1 s resolution)", "", func(r *Result) string { return pcts(r.Burst.FromTimestamp, false) }},
+	{"Status writes per new object: controller's uuid_controller_status_writes_total", "exactly 1.0", func(r *Result) string {
+		return fmt.Sprintf("%.3f", r.BurstWritesController) + mark(r.BurstWritesController == 1)
+	}},
+	{"Status writes per new object: apiserver_request_total (uuid/status PATCH)", "exactly 1.0", func(r *Result) string {
+		return fmt.Sprintf("%.3f", r.BurstWritesAPI) + mark(r.BurstWritesAPI == 1)
+	}},
+	{"Restart over N done objects: time to ready (cache synced, 100 ms polling)", "", func(r *Result) string { return dur(r.RestartReady) }},
+	{"Restart: status writes, controller / apiserver", "0", func(r *Result) string {
+		return fmt.Sprintf("%.0f / %.0f", r.RestartWritesController, r.RestartWritesAPI) +
+			mark(r.RestartWritesController == 0 && r.RestartWritesAPI == 0)
+	}},
+	{"Restart: keys queued (workqueue_adds_total)", "", func(r *Result) string { return fmt.Sprintf("%.0f", r.RestartQueued) }},
+	{"Controller peak RSS, synced on an empty namespace (baseline)", "", func(r *Result) string { return mib(r.Memory.BaselineRSS) }},
+	{"Controller peak RSS after the burst", "< 64 MiB at N = 10,000", func(r *Result) string {
+		return mib(r.Memory.BurstRSS) + markIf(r.N <= 10000, r.Memory.BurstRSS < 64<<20)
+	}},
+	{"Peak RSS over baseline, per object", "flat in N (linear growth)", func(r *Result) string {
+		return perObject(r.Memory.BurstRSS-r.Memory.BaselineRSS, r.N)
+	}},
+	{"Go heap in use after the burst (baseline)", "", func(r *Result) string {
+		return fmt.Sprintf("%s (%s)", mib(r.Memory.BurstHeap), mib(r.Memory.BaselineHeap))
+	}},
+	{"Go heap over baseline, per object", "", func(r *Result) string {
+		return perObject(r.Memory.BurstHeap-r.Memory.BaselineHeap, r.N)
+	}},
+	{"Restarted controller peak RSS (N objects cached)", "", func(r *Result) string { return mib(r.Memory.RestartRSS) }},
+	{"Idle create-to-status p50 / p99 / max (next to N objects)", "p99 < 50 ms", func(r *Result) string {
+		return pcts(r.Idle, true) + mark(r.Idle.P99 < 50*time.Millisecond)
+	}},
+	{"Idle: status writes per new object (controller)", "exactly 1.0", func(r *Result) string {
+		return fmt.Sprintf("%.3f", r.IdleWritesController) + mark(r.IdleWritesController == 1)
+	}},
+}
+
+// Markdown renders the run: how and where it ran, then one table with a
+// column per N.
+func (rep *Report) Markdown() string {
+	var b strings.Builder
+	c := rep.Config
+	fmt.Fprintf(&b, "Date: %s  \n", rep.Date.Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %s memory, %s; %s on loopback, same machine  \n",
+		rep.CPUs, rep.CPUModel, rep.Memory, rep.GoInfo, rep.Server)
+	if c.Command != "" {
+		fmt.Fprintf(&b, "Command: `%s`  \n", c.Command)
+	}
+	ctrlArgs := "defaults"
+	if len(c.ControllerArgs) > 0 {
+		ctrlArgs = strings.Join(c.ControllerArgs, " ")
+	}
+	fmt.Fprintf(&b, "Load: %d concurrent creates; warm-up %s; idle: %d objects %s apart; controller flags: %s (plus --namespace)\n\n",
+		c.Concurrency, c.Warmup, c.IdleCount, c.IdleInterval, ctrlArgs)
+
+	b.WriteString("| |")
+	for _, r := range rep.Results {
+		fmt.Fprintf(&b, " N = %s |", thousands(r.N))
+	}
+	b.WriteString(" goal |\n|---|")
+	for range rep.Results {
+		b.WriteString("---|")
+	}
+	b.WriteString("---|\n")
+	for _, row := range rows {
+		fmt.Fprintf(&b, "| %s |", row.label)
+		for _, r := range rep.Results {
+			fmt.Fprintf(&b, " %s |", row.cell(r))
+		}
+		fmt.Fprintf(&b, " %s |\n", row.goal)
+	}
+	for _, r := range rep.Results {
+		for _, t := range []struct {
+			name string
+			t    Throughput
+		}{{"raw loop before", r.RawBefore}, {"burst", r.Burst}, {"raw loop after", r.RawAfter}} {
+			if t.t.Retries > 0 || t.t.Early > 0 {
+				fmt.Fprintf(&b, "\nN = %s, %s: %d requests retried after transient errors; %d objects seen with a UUID before their create call returned (counted as 0 ms).\n",
+					thousands(r.N), t.name, t.t.Retries, t.t.Early)
+			}
+		}
+	}
+	return b.String()
+}
+
+func mark(ok bool) string {
+	if ok {
+		return " ✓"
+	}
+	return " ✗"
+}
+
+// markIf marks only the cells a goal applies to.
+func markIf(applies, ok bool) string {
+	if !applies {
+		return ""
+	}
+	return mark(ok)
+}
+
+func rate(t Throughput) string {
+	return fmt.Sprintf("%.0f/s (%s)", t.PerSecond, dur(t.Elapsed))
+}
+
+func pcts(s Summary, withMax bool) string {
+	out := dur(s.P50) + " / " + dur(s.P99)
+	if withMax {
+		out += " / " + dur(s.Max)
+	}
+	return out
+}
+
+// dur prints milliseconds below 1 s, seconds above.
+func dur(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
+func mib(b int64) string {
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+func perObject(b int64, n int) string {
+	return fmt.Sprintf("%.0f B", float64(b)/float64(n))
+}
+
+// thousands prints n with comma separators.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// moduleVersion is the version of the module a Go binary was built from
+// (the cluster's binaries are built by `make tools` from the module proxy).
+func moduleVersion(path string) string {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil || bi.Main.Version == "" {
+		return "(version unknown)"
+	}
+	return bi.Main.Version
+}
+
+// procField is the value of the first "key: value" line with key in file.
+func procField(file, key string) string {
+	f, err := os.Open(file)
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+// memTotal is MemTotal from /proc/meminfo in GiB.
+func memTotal() string {
+	f := strings.Fields(procField("/proc/meminfo", "MemTotal"))
+	if len(f) != 2 || f[1] != "kB" {
+		return "unknown"
+	}
+	kb, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+}
