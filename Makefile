@@ -26,13 +26,15 @@ cluster: tools
 
 ## e2e: end-to-end tests against a real local cluster
 e2e: tools
-	go test -count=1 -timeout 30m ./test/e2e/...
+	go test -count=1 -timeout 30m -v ./test/e2e/...
 
-## test: the README's test command: vet, gofmt and every test in the module
+## test: the README's test command: vet, gofmt and every test in the module.
+## -p 1: test/cluster, test/e2e and test/bench each start a cluster; one at a
+## time keeps 2 cores from being shared three ways.
 test: tools
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "not gofmt-clean:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	go test -count=1 -timeout 45m ./...
+	go test -count=1 -p 1 -timeout 60m ./...
 
 .PHONY: build run install deploy docker-build unit
 
@@ -65,3 +67,10 @@ docker-build:
 ## demo: local cluster + controller + examples/uuid.yaml + kubectl get id; Ctrl-C stops all
 demo: tools
 	go run ./hack/cluster -- hack/demo.sh
+
+.PHONY: bench
+## bench: the benchmark (test/bench): starts a local cluster, runs every case for each N, prints a Markdown table.
+##        BENCH_FLAGS overrides the defaults, e.g. make bench BENCH_FLAGS="-n 1000,10000,100000 -c 16"
+BENCH_FLAGS ?= -n 1000,10000
+bench: tools
+	go run ./test/bench $(BENCH_FLAGS)

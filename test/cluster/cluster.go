@@ -53,6 +53,9 @@ type Options struct {
 	Log io.Writer
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// Audit writes an audit log of every request on Uuid objects, read
+	// with AuditEvents.
+	Audit bool
 	// ExtraEtcdArgs are appended to etcd's flags.
 	ExtraEtcdArgs []string
 	// Logger receives the package's own structured log. Default:
@@ -290,6 +293,13 @@ func (c *Cluster) prepare() error {
 		"--token-auth-file", tokens,
 		"--authorization-mode", "RBAC",
 		"--service-cluster-ip-range", "10.0.0.0/24",
+	}
+	if c.opts.Audit {
+		audit, err := c.auditArgs()
+		if err != nil {
+			return err
+		}
+		c.apiArgs = append(c.apiArgs, audit...)
 	}
 	c.apiArgs = append(c.apiArgs, c.opts.ExtraAPIServerArgs...)
 

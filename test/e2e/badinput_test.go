@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestSchemaRejectsBadStatus: the CRD schema turns away a status the
+// controller could not trust, with an error that names the field, and the
+// object keeps its UUID.
+func TestSchemaRejectsBadStatus(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	p := startController(ctx, t, ns)
+	names := createUuids(ctx, t, ns, "guarded", 1)
+	want := waitUUIDs(ctx, t, ns, names, 30*time.Second)[names[0]]
+
+	for _, tc := range []struct {
+		name, patch string
+		mention     []string
+	}{
+		{"not a UUID", `{"status":{"uuid":"not-a-uuid"}}`, []string{"status.uuid", "not-a-uuid"}},
+		{"a number", `{"status":{"uuid":12345}}`, []string{"status.uuid", "int64"}},
+		{"an unknown state", `{"status":{"state":"Bogus"}}`, []string{"status.state", "Bogus"}},
+		{"status not an object", `{"status":"done"}`, []string{"status", "object"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := patchStatus(ctx, ns, names[0], tc.patch)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("patch %s: err = %v, want 422 Invalid", tc.patch, err)
+			}
+			for _, m := range tc.mention {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not mention %q", err, m)
+				}
+			}
+		})
+	}
+	if _, id := status(ctx, t, ns, names[0]); id != want {
+		t.Errorf("UUID after rejected patches = %q, want %q", id, want)
+	}
+
+	bad := newUuid("bad-spec")
+	bad.Object["spec"] = "not an object"
+	if _, err := uuids(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec") {
+		t.Errorf("create with a string spec: err = %v, want 422 Invalid naming spec", err)
+	}
+	mustStayRunning(t, p)
+}
+
+// TestUserCannotForgeOrKeepBadStatus: a status sent with the create is
+// dropped by the status subresource, and a status a user cleared gets a new
+// UUID.
+func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	p := startController(ctx, t, ns)
+
+	const forged = "00000000-0000-4000-8000-000000000000"
+	obj := newUuid("forged")
+	obj.Object["status"] = map[string]any{"state": "Ok", "uuid": forged}
+	if _, err := uuids(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ids := waitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
+	if ids["forged"] == forged {
+		t.Error("a status sent with the create was kept; the status subresource should drop it")
+	}
+
+	for _, clear := range []string{`{"status":null}`, `{"status":{"uuid":null}}`} {
+		old := ids["forged"]
+		if err := patchStatus(ctx, ns, "forged", clear); err != nil {
+			t.Fatalf("clear status with %s: %v", clear, err)
+		}
+		ids = waitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
+		if ids["forged"] == old {
+			t.Errorf("after %s the UUID is still %s; want a new one", clear, old)
+		}
+		u, err := uuids(ns).Get(ctx, "forged", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg, _, _ := unstructured.NestedString(u.Object, "status", "message"); msg != "resource created successfully" {
+			t.Errorf("status.message = %q after reassignment", msg)
+		}
+	}
+	mustStayRunning(t, p)
+}

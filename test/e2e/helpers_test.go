@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// testCtx is bounded so a hung apiserver fails the test instead of CI.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// newNamespace creates a namespace named after the test, so each test's
+// objects and events are apart from the others'.
+func newNamespace(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	name := nonDNS.ReplaceAllString(strings.ToLower(t.Name()), "-")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name = strings.Trim(name, "-") + "-" + uuid.NewString()[:6]
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := env.kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// startController runs the controller as the ServiceAccount, watching only
+// namespace ns, waits for its cache to sync and stops it when the test ends.
+// Its output is logged if the test fails.
+func startController(ctx context.Context, t *testing.T, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	return startControllerAs(ctx, t, env.kubeconfig, ns, args...)
+}
+
+func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
+		Binary:     env.binary,
+		Kubeconfig: kubeconfig,
+		Args:       append([]string{"--namespace", ns, "-v", "2"}, args...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
+		}
+	})
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func uuids(ns string) dynamic.ResourceInterface {
+	return env.dyn.Resource(cluster.UuidGVR).Namespace(ns)
+}
+
+func newUuid(name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "demo.operator/v1",
+		"kind":       "Uuid",
+		"metadata":   map[string]any{"name": name},
+		"spec":       map[string]any{},
+	}}
+}
+
+// createUuids creates n objects named prefix-0 .. prefix-(n-1) and returns
+// their names.
+func createUuids(ctx context.Context, t *testing.T, ns, prefix string, n int) []string {
+	t.Helper()
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		if _, err := uuids(ns).Create(ctx, newUuid(names[i]), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %s/%s: %v", ns, names[i], err)
+		}
+	}
+	return names
+}
+
+// status reads an object's status.state and status.uuid from the API.
+func status(ctx context.Context, t *testing.T, ns, name string) (state, id string) {
+	t.Helper()
+	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get %s/%s: %v", ns, name, err)
+	}
+	state, _, _ = unstructured.NestedString(u.Object, "status", "state")
+	id, _, _ = unstructured.NestedString(u.Object, "status", "uuid")
+	return state, id
+}
+
+// waitUUIDs polls until every named object has state Ok and a valid UUID,
+// and returns name -> UUID.
+func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, timeout time.Duration) map[string]string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := uuids(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("list %s: %v", ns, err)
+		}
+		got := map[string]string{}
+		for _, u := range list.Items {
+			state, _, _ := unstructured.NestedString(u.Object, "status", "state")
+			id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
+			if state == "Ok" && id != "" {
+				got[u.GetName()] = id
+			}
+		}
+		var missing []string
+		for _, n := range names {
+			if _, ok := got[n]; !ok {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) == 0 {
+			for _, n := range names {
+				if _, err := uuid.Parse(got[n]); err != nil {
+					t.Errorf("%s/%s: status.uuid %q is not a UUID: %v", ns, n, got[n], err)
+				}
+			}
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s, %d of %d objects in %s have no UUID, e.g. %v", timeout, len(missing), len(names), ns, missing[:min(5, len(missing))])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// apiStatusWrites is the apiserver's count of status writes to Uuid objects
+// (any response code), read once it has stopped moving: the apiserver
+// counts a request as its handler returns, which can trail the response.
+func apiStatusWrites(ctx context.Context, t *testing.T) float64 {
+	t.Helper()
+	return settled(t, func() (float64, error) {
+		text, err := env.cluster.Metrics(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return cluster.StatusWrites(text)
+	})
+}
+
+// controllerMetric sums a counter or gauge of the controller's /metrics.
+func controllerMetric(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool) float64 {
+	t.Helper()
+	text, err := p.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := cluster.MetricSum(text, name, match)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func settled(t *testing.T, read func() (float64, error)) float64 {
+	t.Helper()
+	prev := -1.0
+	for range 50 {
+		v, err := read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == prev {
+			return v
+		}
+		prev = v
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Fatalf("metric still changing after 15 s (last %v)", prev)
+	return 0
+}
+
+// patchStatus is a user's (admin's) merge patch of the status subresource.
+func patchStatus(ctx context.Context, ns, name, patch string) error {
+	_, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	return err
+}
+
+// events lists the Events on object ns/name.
+func events(ctx context.Context, t *testing.T, ns, name string) []corev1.Event {
+	t.Helper()
+	list, err := env.kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + name,
+	})
+	if err != nil {
+		t.Fatalf("list events: %v", err)
+	}
+	return list.Items
+}
+
+// mustStayRunning fails the test if the controller has exited.
+func mustStayRunning(t *testing.T, p *cluster.ControllerProcess) {
+	t.Helper()
+	if p.Exited() {
+		t.Fatalf("controller exited unexpectedly; output:\n%s", p.Output())
+	}
+}
+
+// auditedStatusPatches counts, from the apiserver's audit log, the PATCH
+// requests to the status of Uuid objects in ns answered with code (0: any).
+func auditedStatusPatches(t *testing.T, ns string, code int) int {
+	t.Helper()
+	evs, err := env.cluster.AuditEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range evs {
+		r := ev.ObjectRef
+		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" &&
+			r.Namespace == ns && (code == 0 || ev.ResponseStatus.Code == code) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// leaderArgs turns on leader election with a Lease of the test's own and
+// short timings, so a takeover happens within seconds.
+func leaderArgs(lease string, leaseDuration time.Duration) []string {
+	return []string{"--leader-elect", "--leader-elect-name", lease,
+		"--leader-elect-namespace", cluster.ControllerNamespace,
+		"--leader-elect-lease-duration", leaseDuration.String(),
+		"--leader-elect-renew-deadline", (leaseDuration * 3 / 4).String(),
+		"--leader-elect-retry-period", "250ms"}
+}
+
+func isLeader(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) bool {
+	t.Helper()
+	return controllerMetric(ctx, t, p, "uuid_controller_leader", nil) == 1
+}
+
+// waitLeader waits until exactly one of ps reports leading and returns it.
+func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...*cluster.ControllerProcess) *cluster.ControllerProcess {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var leaders []*cluster.ControllerProcess
+		for _, p := range ps {
+			if isLeader(ctx, t, p) {
+				leaders = append(leaders, p)
+			}
+		}
+		if len(leaders) > 1 {
+			t.Fatalf("%d replicas report leading at once", len(leaders))
+		}
+		if len(leaders) == 1 {
+			return leaders[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no replica became leader within %s", timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func leaseHolder(ctx context.Context, t *testing.T, name string) string {
+	t.Helper()
+	l, err := env.kube.CoordinationV1().Leases(cluster.ControllerNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get lease %s: %v", name, err)
+	}
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) float64 {
+	t.Helper()
+	return controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", nil)
+}
+
+// TestLeaderElection: of two replicas only the Lease holder writes; when it
+// dies without releasing the Lease, the other takes over and new objects
+// still get a UUID.
+func TestLeaderElection(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	args := leaderArgs(ns, 3*time.Second)
+	a := startController(ctx, t, ns, args...)
+	b := startController(ctx, t, ns, args...)
+	leader := waitLeader(ctx, t, 20*time.Second, a, b)
+	standby := a
+	if leader == a {
+		standby = b
+	}
+	holder := leaseHolder(ctx, t, ns)
+	if holder == "" {
+		t.Fatal("a replica reports leading but the Lease has no holder")
+	}
+
+	first := createUuids(ctx, t, ns, "first", 10)
+	waitUUIDs(ctx, t, ns, first, 30*time.Second)
+	if got := writesOf(ctx, t, leader); got != float64(len(first)) {
+		t.Errorf("leader sent %v status writes, want %d", got, len(first))
+	}
+	if got := writesOf(ctx, t, standby); got != 0 {
+		t.Errorf("standby sent %v status writes, want 0", got)
+	}
+
+	// SIGKILL: no release; the standby must wait out the lease.
+	leader.Kill()
+	if got := waitLeader(ctx, t, 30*time.Second, standby); got != standby {
+		t.Fatal("standby did not take over")
+	}
+	if h := leaseHolder(ctx, t, ns); h == holder || h == "" {
+		t.Errorf("Lease holder after takeover = %q, was %q", h, holder)
+	}
+	second := createUuids(ctx, t, ns, "second", 10)
+	waitUUIDs(ctx, t, ns, second, 30*time.Second)
+	if got := writesOf(ctx, t, standby); got != float64(len(second)) {
+		t.Errorf("new leader sent %v status writes, want %d", got, len(second))
+	}
+	mustStayRunning(t, standby)
+}
+
+// TestSIGTERMReleasesLease: SIGTERM makes the leader exit 0 within a few
+// seconds and release the Lease, so the next replica leads at once instead
+// of after the lease duration.
+func TestSIGTERMReleasesLease(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	// A long lease: a takeover within it proves the Lease was released.
+	const leaseDuration = 60 * time.Second
+	p := startController(ctx, t, ns, leaderArgs(ns, leaseDuration)...)
+	waitLeader(ctx, t, 20*time.Second, p)
+	names := createUuids(ctx, t, ns, "before-term", 3)
+	waitUUIDs(ctx, t, ns, names, 30*time.Second)
+
+	start := time.Now()
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code, err := p.Wait(5 * time.Second)
+	if err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+	if code != 0 {
+		t.Errorf("exit code after SIGTERM = %d, want 0", code)
+	}
+	t.Logf("exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if h := leaseHolder(ctx, t, ns); h != "" {
+		t.Errorf("Lease still held by %q after SIGTERM", h)
+	}
+
+	next := startController(ctx, t, ns, leaderArgs(ns, leaseDuration)...)
+	waitLeader(ctx, t, 10*time.Second, next)
+	more := createUuids(ctx, t, ns, "after-term", 3)
+	waitUUIDs(ctx, t, ns, more, 30*time.Second)
+}

@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// quiet is how long a test waits to see that nothing is written. Resync in
+// these tests is 1 s, so this spans several resyncs.
+const quiet = 4 * time.Second
+
+// TestUUIDIsStable: once assigned, a UUID survives an update of the object,
+// resyncs, a controller restart and a second replica, and none of them
+// sends another status write.
+func TestUUIDIsStable(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	p := startController(ctx, t, ns, "--resync", "1s")
+	names := createUuids(ctx, t, ns, "stable", 5)
+	want := waitUUIDs(ctx, t, ns, names, 30*time.Second)
+	writes := apiStatusWrites(ctx, t)
+
+	unchanged := func(step string) {
+		t.Helper()
+		time.Sleep(quiet)
+		if got := waitUUIDs(ctx, t, ns, names, time.Second); !maps.Equal(got, want) {
+			t.Errorf("after %s: UUIDs changed from %v to %v", step, want, got)
+		}
+		if got := apiStatusWrites(ctx, t); got != writes {
+			t.Errorf("after %s: the apiserver counted %v more status writes, want 0", step, got-writes)
+		}
+		if got := auditedStatusPatches(t, ns, 0); got != len(names) {
+			t.Errorf("after %s: the audit log has %d status writes for %d objects, want one each", step, got, len(names))
+		}
+	}
+
+	// A user's update of spec and labels, through the main resource.
+	for _, n := range names {
+		patch := `{"metadata":{"labels":{"touched":"yes"}},"spec":{"size":3}}`
+		if _, err := uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("update %s: %v", n, err)
+		}
+	}
+	unchanged("an update and resyncs")
+	if got := controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", nil); got != float64(len(names)) {
+		t.Errorf("controller counted %v status writes, want %d", got, len(names))
+	}
+
+	if code, took := p.Stop(); code != 0 {
+		t.Fatalf("controller exit code %d after %s", code, took)
+	}
+	p = startController(ctx, t, ns, "--resync", "1s")
+	unchanged("a restart")
+
+	second := startController(ctx, t, ns, "--resync", "1s")
+	unchanged("a second replica started")
+
+	// Both replicas race for new objects (no leader election): the
+	// resourceVersion precondition lets exactly one write land per object.
+	more := createUuids(ctx, t, ns, "raced", 20)
+	waitUUIDs(ctx, t, ns, more, 30*time.Second)
+	time.Sleep(quiet)
+	// 5 objects from before, and one write for each new one.
+	if got := auditedStatusPatches(t, ns, 200); got != len(names)+len(more) {
+		t.Errorf("two replicas: the audit log has %d successful status writes for %d objects, want exactly one each", got, len(names)+len(more))
+	}
+	var ok float64
+	ok += controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", func(l map[string]string) bool { return l["result"] == "ok" })
+	ok += controllerMetric(ctx, t, second, "uuid_controller_status_writes_total", func(l map[string]string) bool { return l["result"] == "ok" })
+	if ok != float64(len(more)) {
+		t.Errorf("two replicas counted %v successful writes, want %d", ok, len(more))
+	}
+	mustStayRunning(t, p)
+	mustStayRunning(t, second)
+}
+
+// TestObjectsCreatedWhileDown: objects created with no controller running
+// all get a UUID, one write each, once it starts.
+func TestObjectsCreatedWhileDown(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	names := createUuids(ctx, t, ns, "early", 50)
+	writes := apiStatusWrites(ctx, t)
+	p := startController(ctx, t, ns)
+	waitUUIDs(ctx, t, ns, names, 60*time.Second)
+	if got := apiStatusWrites(ctx, t) - writes; got != float64(len(names)) {
+		t.Errorf("%v status writes for %d objects, want one each", got, len(names))
+	}
+	if got := auditedStatusPatches(t, ns, 0); got != len(names) {
+		t.Errorf("the audit log has %d status writes for %d objects, want one each", got, len(names))
+	}
+	if got := controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil); got != float64(len(names)) {
+		t.Errorf("uuids_assigned_total = %v, want %d", got, len(names))
+	}
+}
