@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// TestStartupErrors: bad flags and an unusable kubeconfig stop the binary at
+// once with a clear message and a non-zero exit code.
+func TestStartupErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-such-kubeconfig")
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		mention  []string
+	}{
+		{"zero workers", []string{"--workers", "0"}, 2, []string{"--workers must be at least 1"}},
+		{"unknown flag", []string{"--no-such-flag"}, 2, []string{"no-such-flag"}},
+		{"bad event level", []string{"--event-level", "Info"}, 2, []string{"--event-level", "Info"}},
+		{"missing kubeconfig", []string{"--kubeconfig", missing, "--health-addr", "0", "--metrics-addr", "0"}, 1, []string{missing}},
+		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "0", "--metrics-addr", strings.TrimPrefix(env.cluster.URL(), "https://")}, 1, []string{"listening for metrics"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, env.binary, tc.args...).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("err = %v, want a non-zero exit; output:\n%s", err, out)
+			}
+			if ee.ExitCode() != tc.wantCode {
+				t.Errorf("exit code %d, want %d", ee.ExitCode(), tc.wantCode)
+			}
+			for _, m := range tc.mention {
+				if !strings.Contains(string(out), m) {
+					t.Errorf("output does not mention %q:\n%s", m, out)
+				}
+			}
+		})
+	}
+}
+
+// TestNoListPermissionIsNotReady: an identity that may not list Uuid
+// objects leaves the controller up but not ready, saying why in its log,
+// instead of crashing or reporting ready with an empty cache.
+func TestNoListPermissionIsNotReady(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	kc, err := env.cluster.ServiceAccountKubeconfig(ctx, cluster.ControllerNamespace, "no-permissions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cluster.StartController(ctx, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: kc, Args: []string{"--namespace", ns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	if err := p.WaitReady(ctx, 5*time.Second); err == nil {
+		t.Fatal("controller reports ready without permission to list Uuid objects")
+	}
+	mustStayRunning(t, p)
+	if out := p.Output(); !strings.Contains(out, "forbidden") || !strings.Contains(out, "cannot list resource") {
+		t.Errorf("log does not say listing uuid is forbidden:\n%s", out)
+	}
+	if code, _ := p.Stop(); code != 0 {
+		t.Errorf("exit code after SIGTERM while not ready = %d, want 0", code)
+	}
+}
