@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs inside `go run ./hack/cluster -- hack/demo.sh` (KUBECONFIG and PATH set
-# by it): starts the controller, applies the example, shows `kubectl get id`,
+# Runs inside `go run ./hack/cluster -- hack/demo.sh` (KUBECONFIG,
+# CONTROLLER_KUBECONFIG and PATH set by it): starts the controller, applies the example, shows `kubectl get id`,
 # then keeps running until Ctrl-C (or exits at once with DEMO_ONCE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go build -o bin/uuid-controller .
-bin/uuid-controller --kubeconfig "$KUBECONFIG" --health-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 &
+# As its ServiceAccount, not admin: the demo runs on deploy/rbac.yaml's grants.
+bin/uuid-controller --kubeconfig "${CONTROLLER_KUBECONFIG:-$KUBECONFIG}" --health-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 &
 ctrl=$!
 trap 'kill -TERM $ctrl 2>/dev/null; wait $ctrl' EXIT
 kubectl apply -f examples/uuid.yaml

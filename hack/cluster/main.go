@@ -92,8 +92,21 @@ func run() int {
 		log.Error("write kubeconfig", "err", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "\nCluster %s is up (logs in %s).\n  export KUBECONFIG=%s\n  export PATH=%s:$PATH\n  kubectl get uuid -A\n\n",
-		c.URL(), c.Dir(), kc, c.BinDir())
+	// The controller's own identity, with only deploy/rbac.yaml's
+	// permissions, so a local run proves the RBAC as a cluster would.
+	saKC, err := c.ControllerKubeconfig(ctx)
+	if err != nil {
+		log.Error("controller kubeconfig", "err", err)
+		return 1
+	}
+	ctrlKC := filepath.Join(filepath.Dir(kc), "controller.kubeconfig")
+	if err := copyFile(saKC, ctrlKC); err != nil {
+		log.Error("write kubeconfig", "err", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "\nCluster %s is up (logs in %s).\n  export KUBECONFIG=%s\n  export PATH=%s:$PATH\n  kubectl get uuid -A\n"+
+		"The controller's ServiceAccount (uuid-system/uuid-controller): --kubeconfig %s\n\n",
+		c.URL(), c.Dir(), kc, c.BinDir(), ctrlKC)
 
 	if len(command) == 0 {
 		log.Info("running until SIGINT/SIGTERM")
@@ -101,19 +114,20 @@ func run() int {
 		log.Info("signal received, stopping")
 		return 0
 	}
-	return runCommand(ctx, log, command, kc, c.BinDir())
+	return runCommand(ctx, log, command, kc, ctrlKC, c.BinDir())
 }
 
-// runCommand runs command with KUBECONFIG and PATH set. When ctx is
+// runCommand runs command with KUBECONFIG (admin), CONTROLLER_KUBECONFIG
+// (the controller's ServiceAccount) and PATH set. When ctx is
 // cancelled (SIGINT/SIGTERM) the command gets SIGTERM, and SIGKILL 30 s
 // later if it is still running.
-func runCommand(ctx context.Context, log *slog.Logger, command []string, kubeconfig, binDir string) int {
+func runCommand(ctx context.Context, log *slog.Logger, command []string, kubeconfig, controllerKubeconfig, binDir string) int {
 	env := os.Environ()
 	path := binDir
 	if p := os.Getenv("PATH"); p != "" {
 		path += string(os.PathListSeparator) + p
 	}
-	env = append(env, "KUBECONFIG="+kubeconfig, "PATH="+path)
+	env = append(env, "KUBECONFIG="+kubeconfig, "CONTROLLER_KUBECONFIG="+controllerKubeconfig, "PATH="+path)
 	// Resolve the program with the new PATH, so bin/kubectl wins.
 	prog := command[0]
 	if !strings.Contains(prog, "/") {
