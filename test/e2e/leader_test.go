@@ -73,7 +73,7 @@ func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) f
 func TestLeaderElection(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
-	args := leaderArgs(ns, 3*time.Second)
+	args := leaderArgs(ns, 5*time.Second)
 	a := startController(ctx, t, ns, args...)
 	b := startController(ctx, t, ns, args...)
 	leader := waitLeader(ctx, t, 20*time.Second, a, b)
