@@ -15,6 +15,8 @@ type Throughput struct {
 	// sighting of the last object's UUID.
 	Elapsed   time.Duration
 	PerSecond float64
+	// CreatesDone is when the last create call returned, from the same start.
+	CreatesDone time.Duration
 	// Latency runs from an object's create call returning to the watch
 	// seeing its UUID.
 	Latency Summary
@@ -49,20 +51,21 @@ func (b *bench) load(ctx context.Context, ns string, n int, patch bool) (Through
 	if err := l.run(ctx, objectNames("obj-", n)); err != nil {
 		return Throughput{}, err
 	}
-	created := time.Since(start)
+	createsDone := time.Since(start)
 	if err := obs.wait(ctx, n); err != nil {
 		return Throughput{}, err
 	}
 	fromCreate, fromTS, early := obs.latencies()
 	t := Throughput{
 		Elapsed:       obs.lastSeen().Sub(start),
+		CreatesDone:   createsDone,
 		Latency:       Summarize(fromCreate),
 		FromTimestamp: Summarize(fromTS),
 		Early:         early,
 		Retries:       l.retries.Load(),
 	}
 	t.PerSecond = float64(n) / t.Elapsed.Seconds()
-	b.log.Info("load done", "namespace", ns, "n", n, "statusPatches", patch, "createsTook", created.Round(time.Millisecond),
+	b.log.Info("load done", "namespace", ns, "n", n, "statusPatches", patch, "createsDone", createsDone.Round(time.Millisecond),
 		"elapsed", t.Elapsed.Round(time.Millisecond), "perSecond", int(t.PerSecond),
 		"p50", t.Latency.P50, "p99", t.Latency.P99, "retries", t.Retries, "early", early)
 	return t, nil
@@ -104,7 +107,7 @@ func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
 	if err := b.idle(ctx, p2, ns, r); err != nil {
 		return fmt.Errorf("idle: %w", err)
 	}
-	if r.Memory.RestartRSS, err = p2.PeakRSS(); err != nil {
+	if r.Memory.RestartRSS, _, err = b.memory(ctx, p2, "restarted, after idle"); err != nil {
 		return err
 	}
 	return nil
@@ -118,7 +121,7 @@ func (b *bench) burst(ctx context.Context, p *cluster.ControllerProcess, ns stri
 		return err
 	}
 	var err error
-	if r.Memory.BaselineRSS, r.Memory.BaselineHeap, err = memory(ctx, p); err != nil {
+	if r.Memory.BaselineRSS, r.Memory.BaselineHeap, err = b.memory(ctx, p, "baseline"); err != nil {
 		return err
 	}
 	ctrlBefore, err := controllerWrites(ctx, p)
@@ -143,7 +146,7 @@ func (b *bench) burst(ctx context.Context, p *cluster.ControllerProcess, ns stri
 	}
 	r.BurstWritesController = (ctrlAfter - ctrlBefore) / float64(n)
 	r.BurstWritesAPI = (apiAfter - apiBefore) / float64(n)
-	if r.Memory.BurstRSS, r.Memory.BurstHeap, err = memory(ctx, p); err != nil {
+	if r.Memory.BurstRSS, r.Memory.BurstHeap, err = b.memory(ctx, p, "after burst"); err != nil {
 		return err
 	}
 	b.log.Info("burst writes and memory", "writesPerObjectController", r.BurstWritesController,
@@ -218,7 +221,7 @@ func (b *bench) idle(ctx context.Context, p *cluster.ControllerProcess, ns strin
 		return err
 	}
 	fromCreate, _, early := obs.latencies()
-	r.Idle = Summarize(fromCreate)
+	r.Idle, r.IdleEarly = Summarize(fromCreate), early
 	ctrlAfter, err := b.settledWrites(ctx, p, ctrlBefore+float64(count))
 	if err != nil {
 		return err
@@ -299,8 +302,9 @@ func controllerWrites(ctx context.Context, p *cluster.ControllerProcess) (float6
 	return cluster.MetricSum(text, "uuid_controller_status_writes_total", nil)
 }
 
-// memory is p's peak RSS (VmHWM) and its Go heap in use now.
-func memory(ctx context.Context, p *cluster.ControllerProcess) (peakRSS, heap int64, err error) {
+// memory is p's peak RSS (VmHWM) and its Go heap in use now. The runtime's
+// other figures are logged, to tell cache from garbage-collector headroom.
+func (b *bench) memory(ctx context.Context, p *cluster.ControllerProcess, when string) (peakRSS, heap int64, err error) {
 	if peakRSS, err = p.PeakRSS(); err != nil {
 		return 0, 0, err
 	}
@@ -308,8 +312,20 @@ func memory(ctx context.Context, p *cluster.ControllerProcess) (peakRSS, heap in
 	if err != nil {
 		return 0, 0, err
 	}
-	h, err := cluster.MetricSum(text, "go_memstats_heap_alloc_bytes", nil)
-	return peakRSS, int64(h), err
+	attrs := []any{"when", when, "peakRSS", peakRSS}
+	for _, name := range []string{"process_resident_memory_bytes", "go_memstats_heap_alloc_bytes",
+		"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_sys_bytes"} {
+		v, err := cluster.MetricSum(text, name, nil)
+		if err != nil {
+			return 0, 0, err
+		}
+		attrs = append(attrs, name, int64(v))
+		if name == "go_memstats_heap_alloc_bytes" {
+			heap = int64(v)
+		}
+	}
+	b.log.Info("controller memory", attrs...)
+	return peakRSS, heap, nil
 }
 
 func byName(name string) func(map[string]string) bool {

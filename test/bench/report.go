@@ -28,6 +28,7 @@ type Result struct {
 	Memory                                                   Memory
 	// Idle is create-to-status latency of objects created one at a time.
 	Idle                 Summary
+	IdleEarly            int
 	IdleWritesController float64
 }
 
@@ -75,10 +76,13 @@ var rows = []row{
 	{"Raw loop before (create + status PATCH each): objects/s (elapsed)", "the limit", func(r *Result) string { return rate(r.RawBefore) }},
 	{"Raw loop after: objects/s (elapsed)", "the limit", func(r *Result) string { return rate(r.RawAfter) }},
 	{"Raw loop create-to-status p50 / p99 / max", "", func(r *Result) string { return pcts(r.RawBefore.Latency, true) }},
-	{"Controller burst: time until every object has a UUID", "", func(r *Result) string { return dur(r.Burst.Elapsed) }},
+	{"Controller burst: time until every object has a UUID (until the last create returned)", "", func(r *Result) string {
+		return fmt.Sprintf("%s (%s)", dur(r.Burst.Elapsed), dur(r.Burst.CreatesDone))
+	}},
 	{"Controller burst: objects/s", "", func(r *Result) string { return fmt.Sprintf("%.0f/s", r.Burst.PerSecond) }},
-	{"Controller / raw throughput (raw: mean of before and after)", "≥ 0.90 at N = 10,000", func(r *Result) string {
-		return fmt.Sprintf("%.2f", r.Ratio) + markIf(r.N >= 10000, r.Ratio >= 0.9)
+	{"Controller / raw throughput: vs the mean of before and after (vs before / vs after)", "≥ 0.90 at N = 10,000", func(r *Result) string {
+		return fmt.Sprintf("%.2f (%.2f / %.2f)", r.Ratio, r.Burst.PerSecond/r.RawBefore.PerSecond, r.Burst.PerSecond/r.RawAfter.PerSecond) +
+			markIf(r.N >= 10000, r.Ratio >= 0.9)
 	}},
 	{"Burst create-to-status p50 / p99 / max (from create call's return)", "", func(r *Result) string { return pcts(r.Burst.Latency, true) }},
 	{"Burst create-to-status p50 / p99 (from creationTimestamp, 1 s resolution)", "", func(r *Result) string { return pcts(r.Burst.FromTimestamp, false) }},
@@ -159,6 +163,10 @@ func (rep *Report) Markdown() string {
 				fmt.Fprintf(&b, "\nN = %s, %s: %d requests retried after transient errors; %d objects seen with a UUID before their create call returned (counted as 0 ms).\n",
 					thousands(r.N), t.name, t.t.Retries, t.t.Early)
 			}
+		}
+		if r.IdleEarly > 0 {
+			fmt.Fprintf(&b, "\nN = %s, idle: %d objects seen with a UUID before their create call returned (counted as 0 ms).\n",
+				thousands(r.N), r.IdleEarly)
 		}
 	}
 	return b.String()
