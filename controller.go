@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
@@ -72,10 +71,11 @@ func (o Options) withDefaults() Options {
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
 type Controller struct {
-	// client writes the status subresource; reads come from lister.
+	// client writes the status subresource; reads come from store.
 	client dynamic.NamespaceableResourceInterface
-	// lister reads Uuid objects from the informer's cache.
-	lister cache.GenericLister
+	// store is the informer's cache of *cachedUuid objects. Not a
+	// GenericLister: the dynamic one insists on unstructured objects.
+	store cache.Store
 	// synced reports whether the informer's cache has synced.
 	synced cache.InformerSynced
 	// queue holds the keys of objects that may need a UUID.
@@ -103,7 +103,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 	logger := klog.FromContext(ctx)
 	c := &Controller{
 		client:   client.Resource(uuidGVR),
-		lister:   informer.Lister(),
+		store:    informer.Informer().GetStore(),
 		synced:   informer.Informer().HasSynced,
 		recorder: recorder,
 		metrics:  metrics,
@@ -115,6 +115,9 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		),
 	}
 	c.syncHandler = c.syncUUID
+	if err := informer.Informer().SetTransform(trimForCache); err != nil {
+		return nil, fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
+	}
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
 		UpdateFunc: func(_, obj any) { c.enqueue(logger, obj) },
@@ -129,12 +132,12 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 // enqueue queues obj only when it lacks a valid UUID, so objects already done
 // (the whole cache at a restart, every resync) cost no queue traffic.
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
-	u, ok := obj.(*unstructured.Unstructured)
+	u, ok := obj.(*cachedUuid)
 	if !ok {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
 	}
-	if id, _ := existingUUID(u); id != "" {
+	if u.Status.UUID != "" {
 		return
 	}
 	c.queue.Add(cache.MetaObjectToName(u))
@@ -249,7 +252,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	if err != nil {
 		return err
 	}
-	id, problem := existingUUID(obj)
+	id, problem := obj.Status.UUID, obj.UUIDProblem
 	if id != "" {
 		// A UUID is never regenerated: not on update, resync or restart.
 		logger.V(4).Info("Object already has a UUID", "uuid", id)
@@ -278,12 +281,12 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
 	}
-	if id, _ := existingUUID(obj); id != "" {
+	if obj.Status.UUID != "" {
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
 	st := errorStatus(cause)
-	if cur := currentStatus(obj); cur.State == st.State && cur.Message == st.Message {
+	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
 		return // already says so; writing again would only wake the informer
 	}
 	if err := c.writeStatus(ctx, obj, st); err != nil {
@@ -292,20 +295,23 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 }
 
 // get reads key from the informer's cache.
-func (c *Controller) get(key cache.ObjectName) (*unstructured.Unstructured, error) {
-	obj, err := c.lister.ByNamespace(key.Namespace).Get(key.Name)
+func (c *Controller) get(key cache.ObjectName) (*cachedUuid, error) {
+	obj, exists, err := c.store.GetByKey(key.String())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading %s from the cache: %w", key, err)
 	}
-	u, ok := obj.(*unstructured.Unstructured)
+	if !exists {
+		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
+	}
+	u, ok := obj.(*cachedUuid)
 	if !ok {
-		return nil, fmt.Errorf("cache holds a %T for %s, not an unstructured object", obj, key)
+		return nil, fmt.Errorf("cache holds a %T for %s, not a *cachedUuid", obj, key)
 	}
 	return u, nil
 }
 
 // writeStatus patches st onto obj and counts the result.
-func (c *Controller) writeStatus(ctx context.Context, obj *unstructured.Unstructured, st Status) error {
+func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) error {
 	err := patchStatus(ctx, c.client, obj, st)
 	switch {
 	case err == nil:
@@ -323,7 +329,7 @@ func (c *Controller) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 
 // event posts an Event on obj, leaving out Normal ones unless asked for: an
 // Event per assignment doubles the API writes of a busy controller.
-func (c *Controller) event(obj *unstructured.Unstructured, eventType, reason, message string) {
+func (c *Controller) event(obj *cachedUuid, eventType, reason, message string) {
 	if eventType == corev1.EventTypeNormal && !c.opts.NormalEvents {
 		return
 	}

@@ -71,9 +71,6 @@ func run(ctx context.Context, cfg *config) error {
 
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.resync, cfg.namespace, nil)
 	informer := factory.ForResource(uuidGVR)
-	if err := informer.Informer().SetTransform(trimForCache); err != nil {
-		return fmt.Errorf("setting the cache transform: %w", err)
-	}
 	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, Options{
 		MaxRetries:      cfg.maxRetries,
 		ShutdownTimeout: cfg.shutdownTimeout,

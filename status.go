@@ -103,7 +103,7 @@ func statusPatch(resourceVersion string, st Status) ([]byte, error) {
 }
 
 // patchStatus sends st to the status subresource of obj.
-func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj *unstructured.Unstructured, st Status) error {
+func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj metav1.Object, st Status) error {
 	patch, err := statusPatch(obj.GetResourceVersion(), st)
 	if err != nil {
 		return err
@@ -114,26 +114,4 @@ func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterf
 		return fmt.Errorf("patching status of %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil
-}
-
-// trimForCache keeps only what the controller reads (and an Event reference
-// needs), so the informer's memory per object does not grow with the size of
-// its spec, annotations or managedFields.
-func trimForCache(obj any) (any, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return obj, nil
-	}
-	t := &unstructured.Unstructured{Object: map[string]any{}}
-	t.SetAPIVersion(u.GetAPIVersion())
-	t.SetKind(u.GetKind())
-	t.SetNamespace(u.GetNamespace())
-	t.SetName(u.GetName())
-	t.SetUID(u.GetUID())
-	t.SetResourceVersion(u.GetResourceVersion())
-	t.SetGeneration(u.GetGeneration())
-	if st, ok := u.Object["status"]; ok {
-		t.Object["status"] = st
-	}
-	return t, nil
 }

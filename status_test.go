@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 func TestExistingUUID(t *testing.T) {
@@ -76,40 +75,6 @@ func TestErrorStatus(t *testing.T) {
 	long := errorStatus(errors.New(strings.Repeat("x", 5000)))
 	if len(long.Message) != maxMessageLen {
 		t.Errorf("message length = %d, want it cut to %d", len(long.Message), maxMessageLen)
-	}
-}
-
-func TestTrimForCache(t *testing.T) {
-	obj := newUuid("ns", "a", "7")
-	obj.SetUID("uid-1")
-	obj.SetAnnotations(map[string]string{"big": strings.Repeat("y", 1000)})
-	obj.Object["spec"] = map[string]any{"anything": "here"}
-	obj.Object["status"] = map[string]any{"uuid": "u"}
-	obj.SetManagedFields(nil)
-	got, err := trimForCache(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := got.(*unstructured.Unstructured)
-	if u.GetName() != "a" || u.GetNamespace() != "ns" || u.GetResourceVersion() != "7" || u.GetUID() != "uid-1" ||
-		u.GetKind() != "Uuid" || u.GetAPIVersion() != "demo.operator/v1" {
-		t.Errorf("identity lost: %v", u.Object)
-	}
-	if _, ok := u.Object["spec"]; ok {
-		t.Error("spec kept in cache")
-	}
-	if len(u.GetAnnotations()) != 0 {
-		t.Error("annotations kept in cache")
-	}
-	if s, _, _ := unstructured.NestedString(u.Object, "status", "uuid"); s != "u" {
-		t.Errorf("status.uuid = %q, want kept", s)
-	}
-	if _, ok := obj.Object["spec"]; !ok {
-		t.Error("trimForCache modified its input")
-	}
-	other := "not an object"
-	if got, _ := trimForCache(other); got != other {
-		t.Error("a non-unstructured value was not passed through")
 	}
 }
 

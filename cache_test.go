@@ -1,0 +1,104 @@
+package main
+
+import (
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/cache"
+	ref "k8s.io/client-go/tools/reference"
+)
+
+func TestTrimForCache(t *testing.T) {
+	tests := []struct {
+		name        string
+		status      any
+		want        Status
+		wantProblem string
+	}{
+		{name: "no status"},
+		{name: "assigned", status: map[string]any{"state": "Ok", "message": MessageAssigned, "uuid": testUUID},
+			want: Status{State: StateOk, Message: MessageAssigned, UUID: testUUID}},
+		{name: "error", status: map[string]any{"state": "Error", "message": "boom"},
+			want: Status{State: StateError, Message: "boom"}},
+		{name: "uuid not a UUID", status: map[string]any{"state": "Ok", "uuid": "NA"},
+			want: Status{State: StateOk}, wantProblem: `"NA" is not a UUID`},
+		{name: "status not an object", status: "broken", wantProblem: "not an object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj := newUuid("ns", "a", "7")
+			obj.SetUID("uid-1")
+			obj.SetAnnotations(map[string]string{"big": strings.Repeat("y", 1000)})
+			obj.Object["spec"] = map[string]any{"anything": "here"}
+			if tt.status != nil {
+				obj.Object["status"] = tt.status
+			}
+			got, err := trimForCache(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, ok := got.(*cachedUuid)
+			if !ok {
+				t.Fatalf("transform gave a %T, want *cachedUuid", got)
+			}
+			if c.Name != "a" || c.Namespace != "ns" || c.ResourceVersion != "7" || c.UID != types.UID("uid-1") ||
+				c.Kind != "Uuid" || c.APIVersion != "demo.operator/v1" {
+				t.Errorf("identity lost: %+v", c)
+			}
+			if len(c.Annotations) != 0 || len(c.Labels) != 0 || len(c.ManagedFields) != 0 {
+				t.Error("metadata beyond identity kept in cache")
+			}
+			if c.Status != tt.want {
+				t.Errorf("status = %+v, want %+v", c.Status, tt.want)
+			}
+			if (tt.wantProblem == "") != (c.UUIDProblem == "") || !strings.Contains(c.UUIDProblem, tt.wantProblem) {
+				t.Errorf("problem = %q, want one containing %q", c.UUIDProblem, tt.wantProblem)
+			}
+			if _, ok := obj.Object["spec"]; !ok {
+				t.Error("trimForCache modified its input")
+			}
+		})
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/a"}
+	if got, _ := trimForCache(tomb); got != tomb {
+		t.Error("a tombstone was not passed through")
+	}
+}
+
+// The cached object must still be keyable by the informer and referable by
+// an Event.
+func TestCachedUuidIsAnObject(t *testing.T) {
+	c := toCached(newUuid("ns", "a", "7"))
+	c.UID = "uid-1"
+	if k, err := cache.MetaNamespaceKeyFunc(c); err != nil || k != "ns/a" {
+		t.Errorf("cache key = %q, %v; want ns/a", k, err)
+	}
+	r, err := ref.GetReference(scheme.Scheme, c)
+	if err != nil {
+		t.Fatalf("event reference: %v", err)
+	}
+	if r.Kind != "Uuid" || r.APIVersion != "demo.operator/v1" || r.Namespace != "ns" || r.Name != "a" || r.UID != "uid-1" {
+		t.Errorf("event reference = %+v", r)
+	}
+	cp := c.DeepCopyObject().(*cachedUuid)
+	cp.Name = "b"
+	if c.Name != "a" {
+		t.Error("DeepCopyObject shares the object")
+	}
+}
+
+func TestGetRejectsUntransformedObjects(t *testing.T) {
+	f := newFixture(t, Options{})
+	if err := f.indexer.Add(newUuid("ns", "raw", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ctrl.get(key("ns", "raw")); err == nil || !strings.Contains(err.Error(), "*unstructured.Unstructured") {
+		t.Errorf("get of an untransformed object: err = %v, want one naming its type", err)
+	}
+	if _, err := f.ctrl.get(key("ns", "absent")); !apierrors.IsNotFound(err) {
+		t.Errorf("get of an absent object: err = %v, want NotFound", err)
+	}
+}
