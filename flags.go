@@ -36,7 +36,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster config, then ~/.kube/config.")
 	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
 	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in this namespace only. Default: all namespaces.")
-	fs.IntVar(&c.workers, "workers", 4, "Number of objects reconciled at once.")
+	fs.IntVar(&c.workers, "workers", 16, "Number of objects reconciled at once. Each waits on one API round trip, so more workers keep a burst from queueing.")
 	fs.IntVar(&c.maxRetries, "max-retries", 15, "Retries, with exponential backoff from 5ms, before an object is marked state Error and dropped until its next update or resync.")
 	fs.DurationVar(&c.resync, "resync", 10*time.Minute, "How often every cached object is re-checked; objects with a UUID cost nothing. 0 disables.")
 	fs.Float64Var(&c.qps, "kube-api-qps", 500, "Requests per second to the API server (client-side limit).")
