@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/dynamic"
@@ -92,6 +94,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 	defer os.RemoveAll(binDir)
 	b.log.Info("building the controller")
+	version := controllerVersion(ctx)
 	if b.binary, err = cluster.BuildController(ctx, binDir); err != nil {
 		return nil, err
 	}
@@ -116,6 +119,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 
 	rep := newReport(cfg)
+	rep.Controller = version
 	rep.Server = fmt.Sprintf("kube-apiserver %s, etcd %s",
 		moduleVersion(filepath.Join(b.cluster.BinDir(), cluster.APIServerBinary)),
 		moduleVersion(filepath.Join(b.cluster.BinDir(), cluster.EtcdBinary)))
@@ -182,4 +186,21 @@ func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
 	b.log.Info("done", "n", n, "rawBefore", int(r.RawBefore.PerSecond), "controller", int(r.Burst.PerSecond),
 		"rawAfter", int(r.RawAfter.PerSecond), "ratio", fmt.Sprintf("%.3f", r.Ratio))
 	return r, nil
+}
+
+// controllerVersion names the checkout the controller is built from: `git
+// describe --always --dirty` in the repo root ("-dirty": uncommitted changes
+// to tracked files).
+func controllerVersion(ctx context.Context) string {
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return "unknown"
+	}
+	cmd := exec.CommandContext(ctx, "git", "describe", "--always", "--dirty")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }

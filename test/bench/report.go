@@ -49,9 +49,11 @@ type Report struct {
 	CPUs                     int
 	CPUModel, Memory, GoInfo string
 	// Server names the apiserver's and etcd's versions.
-	Server  string
-	Config  Config
-	Results []*Result
+	Server string
+	// Controller is the commit the controller was built from.
+	Controller string
+	Config     Config
+	Results    []*Result
 }
 
 func newReport(cfg Config) *Report {
@@ -128,6 +130,9 @@ func (rep *Report) Markdown() string {
 	fmt.Fprintf(&b, "Date: %s  \n", rep.Date.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %s memory, %s; %s on loopback, same machine  \n",
 		rep.CPUs, rep.CPUModel, rep.Memory, rep.GoInfo, rep.Server)
+	if rep.Controller != "" {
+		fmt.Fprintf(&b, "Controller: built from commit %s  \n", rep.Controller)
+	}
 	if c.Command != "" {
 		fmt.Fprintf(&b, "Command: `%s`  \n", c.Command)
 	}
