@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // config is everything main reads from the command line.
@@ -80,6 +82,9 @@ func (c *config) validate() error {
 	if c.shutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", c.shutdownTimeout))
 	}
+	// A bad name would otherwise surface only as a failing list in the log,
+	// with the controller never becoming ready.
+	errs = append(errs, checkName("--namespace", c.namespace, validation.IsDNS1123Label)...)
 	switch strings.ToLower(c.eventLevel) {
 	case "normal":
 		c.eventLevel = "Normal"
@@ -92,7 +97,10 @@ func (c *config) validate() error {
 		le := c.leader
 		if le.Name == "" {
 			errs = append(errs, errors.New("--leader-elect-name must not be empty"))
+		} else {
+			errs = append(errs, checkName("--leader-elect-name", le.Name, validation.IsDNS1123Subdomain)...)
 		}
+		errs = append(errs, checkName("--leader-elect-namespace", le.Namespace, validation.IsDNS1123Label)...)
 		if le.RetryPeriod <= 0 || le.RenewDeadline <= 0 || le.LeaseDuration <= 0 {
 			errs = append(errs, errors.New("--leader-elect durations must be positive"))
 		} else if le.LeaseDuration <= le.RenewDeadline || le.RenewDeadline <= le.RetryPeriod {
@@ -101,6 +109,18 @@ func (c *config) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkName validates a non-empty Kubernetes object name.
+func checkName(flagName, value string, check func(string) []string) []error {
+	if value == "" {
+		return nil
+	}
+	var errs []error
+	for _, msg := range check(value) {
+		errs = append(errs, fmt.Errorf("%s %q is not a valid name: %s", flagName, value, msg))
+	}
+	return errs
 }
 
 func defaultLeaseNamespace() string {

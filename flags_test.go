@@ -23,6 +23,9 @@ func TestFlagDefaultsAreValid(t *testing.T) {
 	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" {
 		t.Errorf("defaults = %+v", c)
 	}
+	if c, err := parse("--namespace=team-a", "--leader-elect", "--leader-elect-name=uuid.controller"); err != nil || c.namespace != "team-a" {
+		t.Errorf("valid names rejected: %v, %v", c, err)
+	}
 	if c, err := parse("--event-level=normal"); err != nil || c.eventLevel != "Normal" {
 		t.Errorf("event level not normalised: %v, %v", c, err)
 	}
@@ -42,6 +45,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--leader-elect", "--leader-elect-lease-duration=5s"}, "must exceed"},
 		{[]string{"--leader-elect", "--leader-elect-name="}, "--leader-elect-name must not be empty"},
 		{[]string{"--leader-elect", "--leader-elect-retry-period=0"}, "durations must be positive"},
+		{[]string{"--namespace=Bad_NS"}, `--namespace "Bad_NS" is not a valid name`},
+		{[]string{"--leader-elect", "--leader-elect-name=a/b"}, `--leader-elect-name "a/b" is not a valid name`},
+		{[]string{"--leader-elect", "--leader-elect-namespace=kube.system"}, `--leader-elect-namespace "kube.system" is not a valid name`},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
 	}

@@ -158,7 +158,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.waitDefaultNamespace(ctx); err != nil {
 		return nil, err
 	}
-	if err := c.installCRD(ctx); err != nil {
+	if err := c.InstallCRD(ctx); err != nil {
 		return nil, err
 	}
 	c.log.Info("cluster ready", "url", c.url, "dir", c.dir, "kubeconfig", c.adminKC)

@@ -63,9 +63,10 @@ func (c *Cluster) apiserverProc() *process {
 	return c.apiserver
 }
 
-// installCRD applies <repo root>/crd.yaml and waits until the CRD is
-// Established and NamesAccepted and its resource is in discovery.
-func (c *Cluster) installCRD(ctx context.Context) error {
+// InstallCRD applies <repo root>/crd.yaml and waits until the CRD is
+// Established and NamesAccepted and its resource is in discovery. Start
+// calls it; a test that deleted the CRD calls it again.
+func (c *Cluster) InstallCRD(ctx context.Context) error {
 	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "crd.yaml")); err != nil {
 		return err
 	}
@@ -97,6 +98,29 @@ func (c *Cluster) installCRD(ctx context.Context) error {
 			}
 		}
 		return fmt.Errorf("resource %s not in discovery yet", UuidGVR)
+	})
+}
+
+// DeleteCRD deletes the Uuid CRD and waits until it is gone, which is after
+// the apiserver has deleted every Uuid object.
+func (c *Cluster) DeleteCRD(ctx context.Context) error {
+	dyn, err := dynamic.NewForConfig(c.shortTimeoutConfig())
+	if err != nil {
+		return err
+	}
+	err = dyn.Resource(crdGVR).Delete(ctx, CRDName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting CRD %s: %w", CRDName, err)
+	}
+	return c.poll(ctx, c.apiserverProc(), 2*time.Minute, func(ctx context.Context) error {
+		_, err := dyn.Resource(crdGVR).Get(ctx, CRDName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("CRD %s still there", CRDName)
 	})
 }
 
