@@ -24,6 +24,7 @@ func TestStartupErrors(t *testing.T) {
 	}{
 		{"zero workers", []string{"--workers", "0"}, 2, []string{"--workers must be at least 1"}},
 		{"unknown flag", []string{"--no-such-flag"}, 2, []string{"no-such-flag"}},
+		{"bad namespace", []string{"--namespace", "Team_A"}, 2, []string{`--namespace "Team_A" is not a valid name`}},
 		{"bad event level", []string{"--event-level", "Info"}, 2, []string{"--event-level", "Info"}},
 		{"missing kubeconfig", []string{"--kubeconfig", missing, "--health-addr", "0", "--metrics-addr", "0"}, 1, []string{missing}},
 		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "0", "--metrics-addr", strings.TrimPrefix(env.cluster.URL(), "https://")}, 1, []string{"listening for metrics"}},
