@@ -58,3 +58,28 @@ func TestExampleGetsUUID(t *testing.T) {
 		t.Errorf("status.message = %q", msg)
 	}
 }
+
+// TestAllNamespaces: without --namespace, as deployed, the ServiceAccount's
+// ClusterRole is enough to watch every namespace and write status in each.
+func TestAllNamespaces(t *testing.T) {
+	ctx := testCtx(t)
+	nsA, nsB := newNamespace(ctx, t), newNamespace(ctx, t)
+	p, err := cluster.StartController(ctx, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: env.kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if code, _ := p.Stop(); code != 0 {
+			t.Errorf("exit code after SIGTERM = %d, want 0", code)
+		}
+		if t.Failed() {
+			t.Logf("controller output:\n%s", p.Output())
+		}
+	})
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{nsA, nsB} {
+		waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "obj", 5), time.Minute)
+	}
+}
