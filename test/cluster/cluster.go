@@ -485,6 +485,37 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	return c.startAPIServer(ctx)
 }
 
+// StopEtcd stops etcd (SIGTERM, up to 20 s, then SIGKILL) and leaves the
+// apiserver running without its storage, as in an etcd outage; StartEtcd
+// brings it back on the same port and data dir.
+func (c *Cluster) StopEtcd() error {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return errors.New("cluster: StopEtcd after Stop")
+	}
+	old := c.etcd
+	c.etcd = nil
+	c.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	c.log.Info("stopping etcd")
+	return old.stop()
+}
+
+// StartEtcd starts etcd again after StopEtcd and waits for its /health.
+func (c *Cluster) StartEtcd(ctx context.Context) error {
+	c.mu.Lock()
+	running, stopped := c.etcd != nil, c.stopped
+	c.mu.Unlock()
+	if stopped || running {
+		return errors.New("cluster: StartEtcd while etcd runs or after Stop")
+	}
+	c.log.Info("starting etcd")
+	return c.startEtcd(ctx)
+}
+
 // Metrics returns the apiserver's /metrics as the admin, in Prometheus
 // text format.
 func (c *Cluster) Metrics(ctx context.Context) (string, error) {

@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestAPIServerRestart: the apiserver goes away and comes back on the same
@@ -135,4 +138,61 @@ func auditedCodesNotOne200(t *testing.T, ns string) map[string][]int {
 		}
 	}
 	return codes
+}
+
+// TestEtcdOutage: etcd goes away for 20 s under a running apiserver and
+// controller (every list, watch and write fails meanwhile). The controller
+// keeps running and, once etcd is back, serves new objects; old UUIDs stay.
+func TestEtcdOutage(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	p := startController(ctx, t, ns)
+	before := createUuids(ctx, t, ns, "before", 10)
+	want := waitUUIDs(ctx, t, ns, before, 30*time.Second)
+
+	// Start etcd again even if the test fails half-way: later tests need it.
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := env.cluster.StartEtcd(ctx); err != nil {
+				t.Errorf("restarting etcd: %v", err)
+			}
+		}
+	})
+	if err := env.cluster.StopEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Second)
+	mustStayRunning(t, p)
+	if err := env.cluster.StartEtcd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+
+	// The apiserver's own etcd client and the controller's reflector both
+	// back off, so the first create may need a few tries.
+	after := make([]string, 0, 10)
+	deadline := time.Now().Add(time.Minute)
+	for i := 0; i < 10; {
+		name := fmt.Sprintf("after-%d", i)
+		if _, err := uuids(ns).Create(ctx, newUuid(name), metav1.CreateOptions{}); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("create %s a minute after etcd came back: %v", name, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		after = append(after, name)
+		i++
+	}
+	waitUUIDs(ctx, t, ns, after, time.Minute)
+	got := waitUUIDs(ctx, t, ns, before, time.Second)
+	for n, id := range want {
+		if got[n] != id {
+			t.Errorf("%s: UUID changed across the etcd outage: %s -> %s", n, id, got[n])
+		}
+	}
+	mustStayRunning(t, p)
 }
