@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -43,10 +44,16 @@ var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1",
 
 // Options tune a Controller. The zero value of a field means its default.
 type Options struct {
-	// MaxRetries is how many times a failing object is retried, with the
-	// workqueue's exponential backoff, before it is marked state: Error and
-	// dropped. Default 15, about 160 s of retrying (5 ms doubling).
-	MaxRetries int
+	// ErrorAfter is how many failed attempts an object gets before the
+	// failure is reported on it: state Error in its status and a Warning
+	// Event. Retrying goes on; only a request the apiserver rejects as
+	// malformed is given up at once. Default 15, about 80 s of retrying.
+	ErrorAfter int
+	// MaxRetryDelay caps the per-object exponential backoff (5 ms
+	// doubling), so an object that failed all through an outage is retried
+	// within this long of the apiserver's return. Default 1 minute
+	// (client-go's default cap is 1,000 s).
+	MaxRetryDelay time.Duration
 	// SyncTimeout bounds one reconcile's API calls. Default 30 s.
 	SyncTimeout time.Duration
 	// ShutdownTimeout bounds how long Run waits for in-flight reconciles
@@ -57,8 +64,11 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.MaxRetries == 0 {
-		o.MaxRetries = 15
+	if o.ErrorAfter == 0 {
+		o.ErrorAfter = 15
+	}
+	if o.MaxRetryDelay == 0 {
+		o.MaxRetryDelay = time.Minute
 	}
 	if o.SyncTimeout == 0 {
 		o.SyncTimeout = 30 * time.Second
@@ -67,6 +77,16 @@ func (o Options) withDefaults() Options {
 		o.ShutdownTimeout = 10 * time.Second
 	}
 	return o
+}
+
+// rateLimiter is client-go's default controller rate limiter (per-object
+// exponential backoff from 5 ms, and an overall 10 qps bucket with a burst
+// of 100) with the backoff capped at maxDelay.
+func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](5*time.Millisecond, maxDelay),
+		&workqueue.TypedBucketRateLimiter[cache.ObjectName]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
@@ -88,6 +108,10 @@ type Controller struct {
 	newUUID func() uuid.UUID
 	// syncHandler reconciles one key; a field so tests can inject failures.
 	syncHandler func(ctx context.Context, key cache.ObjectName) error
+	// errorWrites maps a key to the resourceVersion of the Error status
+	// this controller wrote on it, so the update event that write causes
+	// does not queue the object again at once, past its backoff.
+	errorWrites sync.Map
 	opts        Options
 }
 
@@ -97,8 +121,8 @@ type Controller struct {
 func NewController(ctx context.Context, client dynamic.Interface, informer informers.GenericInformer,
 	recorder record.EventRecorder, metrics *Metrics, opts Options) (*Controller, error) {
 	opts = opts.withDefaults()
-	if opts.MaxRetries < 0 {
-		return nil, fmt.Errorf("max retries must not be negative, got %d", opts.MaxRetries)
+	if opts.ErrorAfter < 0 || opts.MaxRetryDelay < 0 {
+		return nil, fmt.Errorf("error-after and max retry delay must not be negative, got %d and %s", opts.ErrorAfter, opts.MaxRetryDelay)
 	}
 	logger := klog.FromContext(ctx)
 	c := &Controller{
@@ -110,7 +134,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		newUUID:  uuid.New,
 		opts:     opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
+			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
 		),
 	}
@@ -119,9 +143,19 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		return nil, fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
 	}
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
-		UpdateFunc: func(_, obj any) { c.enqueue(logger, obj) },
-		// A deleted object needs nothing: no finalizer, nothing owned.
+		AddFunc: func(obj any) { c.enqueue(logger, obj) },
+		UpdateFunc: func(_, obj any) {
+			if !c.isOwnErrorWrite(obj) {
+				c.enqueue(logger, obj)
+			}
+		},
+		// A deleted object needs nothing (no finalizer, nothing owned)
+		// beyond forgetting an Error write on it.
+		DeleteFunc: func(obj any) {
+			if key, err := cache.DeletionHandlingObjectToName(obj); err == nil {
+				c.errorWrites.Delete(key)
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
@@ -141,6 +175,24 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		return
 	}
 	c.queue.Add(cache.MetaObjectToName(u))
+}
+
+// isOwnErrorWrite tells the update event of this controller's own Error
+// status write, which carries nothing new: the object's retry is already
+// scheduled with backoff (or, for a request the apiserver rejected, not
+// scheduled at all), and queueing it now would skip that.
+func (c *Controller) isOwnErrorWrite(obj any) bool {
+	u, ok := obj.(*cachedUuid)
+	if !ok {
+		return false
+	}
+	key := cache.MetaObjectToName(u)
+	rv, ok := c.errorWrites.Load(key)
+	if !ok || rv != u.ResourceVersion {
+		return false
+	}
+	c.errorWrites.Delete(key)
+	return true
 }
 
 // Run starts workers and blocks until ctx is cancelled. It then stops taking
@@ -202,7 +254,11 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	return true
 }
 
-// handleErr is the one place for retry policy.
+// handleErr is the one place for retry policy. Everything but a request the
+// apiserver rejects as malformed is retried for as long as it takes, with
+// backoff: an outage, a 429 or a missing RBAC grant all heal without a
+// restart. After ErrorAfter failed attempts the failure is also reported on
+// the object.
 func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err error) {
 	logger := klog.FromContext(ctx)
 	ref := klog.KRef(key.Namespace, key.Name)
@@ -213,22 +269,26 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
 		c.queue.Forget(key)
+		c.errorWrites.Delete(key)
 	case apierrors.IsConflict(err):
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
 		// that writer assigned a UUID, writes nothing.
 		logger.V(2).Info("Conflict writing status, will retry", "object", ref)
 		c.queue.AddRateLimited(key)
-	case attempts <= c.opts.MaxRetries && !isPermanent(err):
-		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
-			"attempt", attempts, "maxRetries", c.opts.MaxRetries)
-		c.queue.AddRateLimited(key)
-	default:
+	case isPermanent(err):
 		c.queue.Forget(key)
 		c.metrics.Dropped.Inc()
-		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object out of the queue",
+		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
 			"object", ref, "attempts", attempts)
 		c.markFailed(ctx, key, err)
+	default:
+		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
+			"attempt", attempts, "errorAfter", c.opts.ErrorAfter)
+		if attempts >= c.opts.ErrorAfter {
+			c.markFailed(ctx, key, err)
+		}
+		c.queue.AddRateLimited(key)
 	}
 }
 
@@ -263,7 +323,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
 	st := assignedStatus(c.newUUID())
-	if err := c.writeStatus(ctx, obj, st); err != nil {
+	if _, err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
 	c.metrics.Assigned.Inc()
@@ -272,11 +332,14 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	return nil
 }
 
-// markFailed records a final failure on the object: state Error with the
-// error text, and a Warning event. The write carries the same precondition as
-// an assignment, so it can never hide a UUID another writer just assigned.
+// markFailed reports a failure on the object: a Warning event, and state
+// Error with the error text. The write carries the same precondition as an
+// assignment, so it can never hide a UUID another writer just assigned.
 func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
 	logger := klog.FromContext(ctx)
+	// The attempt's own deadline may be what just failed it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
+	defer cancel()
 	obj, err := c.get(key)
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
@@ -289,9 +352,12 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
 		return // already says so; writing again would only wake the informer
 	}
-	if err := c.writeStatus(ctx, obj, st); err != nil {
+	rv, err := c.writeStatus(ctx, obj, st)
+	if err != nil {
 		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+		return
 	}
+	c.errorWrites.Store(key, rv)
 }
 
 // get reads key from the informer's cache.
@@ -310,9 +376,10 @@ func (c *Controller) get(key cache.ObjectName) (*cachedUuid, error) {
 	return u, nil
 }
 
-// writeStatus patches st onto obj and counts the result.
-func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) error {
-	err := patchStatus(ctx, c.client, obj, st)
+// writeStatus patches st onto obj, counts the result and returns the
+// object's new resourceVersion.
+func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) (string, error) {
+	rv, err := patchStatus(ctx, c.client, obj, st)
 	switch {
 	case err == nil:
 		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
@@ -324,7 +391,7 @@ func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status
 		c.metrics.StatusWrites.WithLabelValues("error").Inc()
 		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
 	}
-	return err
+	return rv, err
 }
 
 // event posts an Event on obj, leaving out Normal ones unless asked for: an

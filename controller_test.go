@@ -260,6 +260,19 @@ func TestEnqueueOnlyObjectsWithoutUUID(t *testing.T) {
 	}
 }
 
+// syncCache copies the object's current state from the fake API into the
+// cache, as the informer would.
+func (f *fixture) syncCache(k cache.ObjectName) {
+	f.t.Helper()
+	cur, err := f.client.Tracker().Get(uuidGVR, k.Namespace, k.Name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.indexer.Update(toCached(cur.(*unstructured.Unstructured))); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // drive processes n queue items, each waiting for its backoff.
 func (f *fixture) drive(n int) {
 	f.t.Helper()
@@ -277,35 +290,110 @@ func (f *fixture) drive(n int) {
 	}
 }
 
-func TestPatchErrorIsRetriedThenMarkedError(t *testing.T) {
+// A failure the apiserver may recover from (here a 500) is retried with
+// backoff for as long as it lasts; from the ErrorAfter-th attempt it is also
+// reported on the object, once in status; and the object gets its UUID as
+// soon as the apiserver takes the write.
+func TestTransientErrorIsReportedAndRetried(t *testing.T) {
 	obj := newUuid("default", "example", "5")
 	client := newClient(t, obj)
-	failures := failPatches(client, StateOk, apierrors.NewInternalError(errors.New("etcd is sad")))
-	f := newFixtureWithClient(t, client, Options{MaxRetries: 2}, obj)
+	preconditionReactor(t, client)
+	failing := atomic.Bool{}
+	failing.Store(true)
+	var failures atomic.Int32
+	client.PrependReactor("patch", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if failing.Load() && strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), `"state":"Ok"`) {
+			failures.Add(1)
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is sad"))
+		}
+		return false, nil, nil
+	})
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 2}, obj)
+	k := key("default", "example")
 
+	f.ctrl.queue.Add(k)
+	for range 4 {
+		f.drive(1)
+		f.syncCache(k) // as the informer would
+	}
+
+	if n := failures.Load(); n != 4 {
+		t.Errorf("%d assignment attempts, want 4", n)
+	}
+	var errorWrites []Status
+	for _, p := range f.patches() {
+		if rv, st := patchStatusOf(t, p); st.State == StateError {
+			errorWrites = append(errorWrites, st)
+			if st.UUID != "" || !strings.Contains(st.Message, "etcd is sad") || rv != "5" {
+				t.Errorf("Error status = %+v (rv %q), want the error text, no uuid, precondition 5", st, rv)
+			}
+		}
+	}
+	if len(errorWrites) != 1 {
+		t.Errorf("%d Error status writes, want 1 (at the 2nd attempt, then not again)", len(errorWrites))
+	}
+	if got := f.ctrl.queue.NumRequeues(k); got != 4 {
+		t.Errorf("requeues = %d, want 4: the object is still being retried", got)
+	}
+	if got := testutil.ToFloat64(f.metrics.Dropped); got != 0 {
+		t.Errorf("dropped = %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(f.metrics.PatchFailures.WithLabelValues(string(metav1.StatusReasonInternalError))); got != 4 {
+		t.Errorf("patch failures = %v, want 4", got)
+	}
+	ev := f.events()
+	if len(ev) == 0 || !strings.HasPrefix(ev[0], "Warning "+ReasonFailed) || !strings.Contains(ev[0], "etcd is sad") {
+		t.Errorf("events = %q, want Warning %s with the error", ev, ReasonFailed)
+	}
+
+	failing.Store(false)
+	f.drive(1)
+	final, _ := client.Tracker().Get(uuidGVR, "default", "example")
+	if id, _, _ := unstructured.NestedString(final.(*unstructured.Unstructured).Object, "status", "uuid"); id != testUUID {
+		t.Errorf("uuid after recovery = %q, want %s", id, testUUID)
+	}
+	if f.ctrl.queue.NumRequeues(k) != 0 {
+		t.Error("key still tracked after success")
+	}
+}
+
+// The update event of the controller's own Error write must not queue the
+// object past its backoff (or, after a rejected request, at all: with an
+// error text that differs every time, that would be a hot loop); a user's
+// update of the object must.
+func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
+	obj := newUuid("default", "example", "5")
+	client := newClient(t, obj)
+	preconditionReactor(t, client)
+	invalid := apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)
+	failPatches(client, StateOk, invalid)
+	f := newFixtureWithClient(t, client, Options{}, obj)
+	logger, _ := ktesting.NewTestContext(t)
 	f.ctrl.queue.Add(key("default", "example"))
-	f.drive(3)
+	f.drive(1)
 
-	if n := failures.Load(); n != 3 {
-		t.Errorf("%d assignment attempts, want 1 + MaxRetries = 3", n)
+	cur, err := client.Tracker().Get(uuidGVR, "default", "example")
+	if err != nil {
+		t.Fatal(err)
 	}
-	ps := f.patches()
-	last := ps[len(ps)-1]
-	rv, st := patchStatusOf(t, last)
-	if st.State != StateError || st.UUID != "" || !strings.Contains(st.Message, "etcd is sad") || rv != "5" {
-		t.Errorf("final status = %+v (rv %q), want state Error with the error text, no uuid, precondition 5", st, rv)
+	echo := toCached(cur.(*unstructured.Unstructured))
+	if echo.Status.State != StateError {
+		t.Fatalf("status = %+v, want the Error write", echo.Status)
 	}
-	if f.ctrl.queue.Len() != 0 || f.ctrl.queue.NumRequeues(key("default", "example")) != 0 {
-		t.Error("key still queued or tracked after being dropped")
+	if !f.ctrl.isOwnErrorWrite(echo) {
+		t.Error("the Error write's own update event was not recognised")
 	}
-	if got := testutil.ToFloat64(f.metrics.Dropped); got != 1 {
-		t.Errorf("dropped = %v, want 1", got)
+	if f.ctrl.isOwnErrorWrite(echo) {
+		t.Error("recognised twice: a later event with the same version is a resync and must be looked at")
 	}
-	if got := testutil.ToFloat64(f.metrics.PatchFailures.WithLabelValues(string(metav1.StatusReasonInternalError))); got != 3 {
-		t.Errorf("patch failures = %v, want 3", got)
+	user := echo.DeepCopyObject().(*cachedUuid)
+	user.ResourceVersion = "99"
+	if f.ctrl.isOwnErrorWrite(user) {
+		t.Error("a user's update was taken for the controller's own write")
 	}
-	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning "+ReasonFailed) || !strings.Contains(ev[0], "etcd is sad") {
-		t.Errorf("events = %q, want one Warning %s with the error", ev, ReasonFailed)
+	f.ctrl.enqueue(logger, user)
+	if f.ctrl.queue.Len() != 1 {
+		t.Error("a user's update of a failed object did not queue it")
 	}
 }
 
@@ -314,7 +402,7 @@ func TestPermanentErrorIsNotRetried(t *testing.T) {
 	client := newClient(t, obj)
 	invalid := apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)
 	failures := failPatches(client, StateOk, invalid)
-	f := newFixtureWithClient(t, client, Options{MaxRetries: 5}, obj)
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 5}, obj)
 
 	f.ctrl.queue.Add(key("default", "example"))
 	f.drive(1)
@@ -477,11 +565,13 @@ func TestRunShutdownIsBounded(t *testing.T) {
 	}
 }
 
-func TestNewControllerRejectsNegativeRetries(t *testing.T) {
+func TestNewControllerRejectsNegativeOptions(t *testing.T) {
 	client := newClient(t)
 	informer := dynamicinformer.NewDynamicSharedInformerFactory(client, 0).ForResource(uuidGVR)
 	_, ctx := ktesting.NewTestContext(t)
-	if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), Options{MaxRetries: -1}); err == nil {
-		t.Error("negative MaxRetries accepted")
+	for _, opts := range []Options{{ErrorAfter: -1}, {MaxRetryDelay: -time.Second}} {
+		if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), opts); err == nil {
+			t.Errorf("%+v accepted", opts)
+		}
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/leaderelection"
 )
 
 // config is everything main reads from the command line.
@@ -16,7 +18,8 @@ type config struct {
 	kubeconfig, master string
 	namespace          string
 	workers            int
-	maxRetries         int
+	errorAfter         int
+	maxRetryDelay      time.Duration
 	resync             time.Duration
 	qps                float64
 	burst              int
@@ -39,7 +42,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
 	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in this namespace only. Default: all namespaces.")
 	fs.IntVar(&c.workers, "workers", 16, "Number of objects reconciled at once. Each waits on one API round trip, so more workers keep a burst from queueing.")
-	fs.IntVar(&c.maxRetries, "max-retries", 15, "Retries, with exponential backoff from 5ms, before an object is marked state Error and dropped until its next update or resync.")
+	fs.IntVar(&c.errorAfter, "error-after", 15, "Failed attempts on an object (about 80 s of backoff by default) before its status says state Error and a Warning Event is posted. Retrying goes on.")
+	fs.DurationVar(&c.maxRetryDelay, "max-retry-delay", time.Minute, "Cap on an object's exponential retry backoff (5ms doubling).")
 	fs.DurationVar(&c.resync, "resync", 10*time.Minute, "How often every cached object is re-checked; objects with a UUID cost nothing. 0 disables.")
 	fs.Float64Var(&c.qps, "kube-api-qps", 500, "Requests per second to the API server (client-side limit).")
 	fs.IntVar(&c.burst, "kube-api-burst", 1000, "Burst of requests to the API server above --kube-api-qps.")
@@ -67,16 +71,19 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 
 func (c *config) validate() error {
 	var errs []error
-	if c.workers < 1 {
-		errs = append(errs, fmt.Errorf("--workers must be at least 1, got %d", c.workers))
+	if c.workers < 1 || c.workers > maxWorkers {
+		errs = append(errs, fmt.Errorf("--workers must be between 1 and %d, got %d", maxWorkers, c.workers))
 	}
-	if c.maxRetries < 0 {
-		errs = append(errs, fmt.Errorf("--max-retries must not be negative, got %d", c.maxRetries))
+	if c.errorAfter < 1 {
+		errs = append(errs, fmt.Errorf("--error-after must be at least 1, got %d", c.errorAfter))
+	}
+	if c.maxRetryDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--max-retry-delay must be positive, got %s", c.maxRetryDelay))
 	}
 	if c.resync < 0 {
 		errs = append(errs, fmt.Errorf("--resync must not be negative, got %s", c.resync))
 	}
-	if c.qps <= 0 || c.burst < 1 {
+	if math.IsNaN(c.qps) || math.IsInf(c.qps, 0) || c.qps <= 0 || c.burst < 1 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", c.qps, c.burst))
 	}
 	if c.shutdownTimeout <= 0 {
@@ -103,12 +110,21 @@ func (c *config) validate() error {
 		errs = append(errs, checkName("--leader-elect-namespace", le.Namespace, validation.IsDNS1123Label)...)
 		if le.RetryPeriod <= 0 || le.RenewDeadline <= 0 || le.LeaseDuration <= 0 {
 			errs = append(errs, errors.New("--leader-elect durations must be positive"))
-		} else if le.LeaseDuration <= le.RenewDeadline || le.RenewDeadline <= le.RetryPeriod {
-			errs = append(errs, fmt.Errorf("--leader-elect-lease-duration (%s) must exceed --leader-elect-renew-deadline (%s), which must exceed --leader-elect-retry-period (%s)",
-				le.LeaseDuration, le.RenewDeadline, le.RetryPeriod))
+		} else if le.LeaseDuration <= le.RenewDeadline || le.RenewDeadline <= jitteredRetry(le.RetryPeriod) {
+			// client-go's own check, made here so it fails at start-up.
+			errs = append(errs, fmt.Errorf("--leader-elect-lease-duration (%s) must exceed --leader-elect-renew-deadline (%s), which must exceed %v times --leader-elect-retry-period (%s)",
+				le.LeaseDuration, le.RenewDeadline, leaderelection.JitterFactor, le.RetryPeriod))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxWorkers bounds --workers: beyond it a typo costs memory, not speed (the
+// apiserver takes a few hundred writes a second; see BENCHMARKS.md).
+const maxWorkers = 1000
+
+func jitteredRetry(d time.Duration) time.Duration {
+	return time.Duration(leaderelection.JitterFactor * float64(d))
 }
 
 // checkName validates a non-empty Kubernetes object name.

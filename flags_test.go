@@ -36,8 +36,13 @@ func TestFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--workers=0"}, "--workers must be at least 1"},
-		{[]string{"--max-retries=-1"}, "--max-retries must not be negative"},
+		{[]string{"--workers=0"}, "--workers must be between 1 and 1000, got 0"},
+		{[]string{"--workers=100000000"}, "--workers must be between 1 and 1000"},
+		{[]string{"--error-after=0"}, "--error-after must be at least 1"},
+		{[]string{"--max-retry-delay=0"}, "--max-retry-delay must be positive"},
+		{[]string{"--kube-api-qps=NaN"}, "must be positive"},
+		{[]string{"--kube-api-qps=+Inf"}, "must be positive"},
+		{[]string{"--leader-elect", "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=9s"}, "1.2 times --leader-elect-retry-period"},
 		{[]string{"--resync=-1s"}, "--resync must not be negative"},
 		{[]string{"--kube-api-qps=0"}, "must be positive"},
 		{[]string{"--shutdown-timeout=0"}, "--shutdown-timeout must be positive"},

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,10 +29,16 @@ type LeaderElection struct {
 	RetryPeriod time.Duration
 }
 
-// runLeading runs work while this process holds the lease. It returns when
-// ctx is cancelled (after work has returned and the lease is released, so
-// the next leader starts as soon as this one's last write is done) or when
-// the lease is lost (after work has returned).
+// errLeaseLost ends a leader that could not renew its lease (an apiserver
+// or etcd outage longer than the renew deadline, a lease taken over). The
+// process exits non-zero, as Kubernetes' own components do, and restarts as
+// a standby with a fresh view of the world.
+var errLeaseLost = errors.New("leader lease lost")
+
+// runLeading runs work while this process holds the lease. It returns nil
+// when ctx is cancelled (after work has returned and the lease is released,
+// so the next leader starts as soon as this one's last write is done), and
+// errLeaseLost when the lease is lost (after work has returned).
 func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, metrics *Metrics, work func(context.Context)) error {
 	logger := klog.FromContext(ctx)
 	host, err := os.Hostname()
@@ -51,7 +59,13 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer leCancel()
 	workDone := make(chan struct{})
-	started := make(chan struct{})
+	// leading is set by the elector's goroutine when work starts, stopping
+	// by this one when it stops waiting for the lease; under mu, exactly
+	// one of them sees the other's flag, so work never starts unawaited.
+	var (
+		mu                sync.Mutex
+		leading, stopping bool
+	)
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   cfg.LeaseDuration,
@@ -61,8 +75,14 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 		Name:            controllerName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leadCtx context.Context) {
+				mu.Lock()
+				if stopping {
+					mu.Unlock()
+					return
+				}
+				leading = true
+				mu.Unlock()
 				defer close(workDone)
-				close(started)
 				metrics.Leader.Set(1)
 				defer metrics.Leader.Set(0)
 				workCtx, cancel := context.WithCancel(leadCtx)
@@ -94,15 +114,17 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 	case <-elected:
 		// Run returns on its own only when the lease was lost.
 	}
-	select {
-	case <-started:
+	mu.Lock()
+	stopping = true
+	wasLeading := leading
+	mu.Unlock()
+	if wasLeading {
 		<-workDone
-	default:
 	}
 	leCancel()
 	<-elected
-	if ctx.Err() == nil {
-		logger.Info("Leader lease lost, exiting", "lease", klog.KRef(cfg.Namespace, cfg.Name))
+	if ctx.Err() != nil {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: %s", errLeaseLost, klog.KRef(cfg.Namespace, cfg.Name))
 }

@@ -43,6 +43,8 @@ func main() {
 // returns once ctx is cancelled (or the leader lease is lost) and the work in
 // flight has finished.
 func run(ctx context.Context, cfg *config) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	logger := klog.FromContext(ctx)
 	restConfig, err := buildConfig(cfg.kubeconfig, cfg.master)
 	if err != nil {
@@ -72,7 +74,8 @@ func run(ctx context.Context, cfg *config) error {
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.resync, cfg.namespace, nil)
 	informer := factory.ForResource(uuidGVR)
 	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, Options{
-		MaxRetries:      cfg.maxRetries,
+		ErrorAfter:      cfg.errorAfter,
+		MaxRetryDelay:   cfg.maxRetryDelay,
 		ShutdownTimeout: cfg.shutdownTimeout,
 		NormalEvents:    cfg.eventLevel == corev1.EventTypeNormal,
 	})
@@ -95,6 +98,10 @@ func run(ctx context.Context, cfg *config) error {
 	// starts with a warm cache.
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	// First of the deferred calls to run: whatever ends run (a lost lease,
+	// an error), the informers and servers must stop for the waits above
+	// to return.
+	defer cancel()
 	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
 
 	var runErr error

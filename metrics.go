@@ -22,7 +22,8 @@ type Metrics struct {
 	// PatchFailures counts failed status writes other than conflicts and
 	// deletions, by reason (the apiserver's status reason, e.g. Forbidden).
 	PatchFailures *prometheus.CounterVec
-	// Dropped counts keys given up on after --max-retries.
+	// Dropped counts objects given up on because the apiserver rejected
+	// the request as malformed; every other failure is retried.
 	Dropped prometheus.Counter
 	// Leader is 1 while this process holds the lease (or runs without
 	// leader election).
@@ -47,7 +48,7 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		Dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "dropped_total",
-			Help: "Objects given up on after the maximum number of retries.",
+			Help: "Objects given up on because the apiserver rejected the status write as malformed.",
 		}),
 		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "leader",

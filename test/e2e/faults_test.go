@@ -150,43 +150,11 @@ func TestEtcdOutage(t *testing.T) {
 	before := createUuids(ctx, t, ns, "before", 10)
 	want := waitUUIDs(ctx, t, ns, before, 30*time.Second)
 
-	// Start etcd again even if the test fails half-way: later tests need it.
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := env.cluster.StartEtcd(ctx); err != nil {
-				t.Errorf("restarting etcd: %v", err)
-			}
-		}
-	})
-	if err := env.cluster.StopEtcd(); err != nil {
-		t.Fatal(err)
-	}
+	startEtcd := stopEtcd(t)
 	time.Sleep(20 * time.Second)
 	mustStayRunning(t, p)
-	if err := env.cluster.StartEtcd(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
-
-	// The apiserver's own etcd client and the controller's reflector both
-	// back off, so the first create may need a few tries.
-	after := make([]string, 0, 10)
-	deadline := time.Now().Add(time.Minute)
-	for i := 0; i < 10; {
-		name := fmt.Sprintf("after-%d", i)
-		if _, err := uuids(ns).Create(ctx, newUuid(name), metav1.CreateOptions{}); err != nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("create %s a minute after etcd came back: %v", name, err)
-			}
-			time.Sleep(500 * time.Millisecond)
-			continue
-		}
-		after = append(after, name)
-		i++
-	}
+	startEtcd(ctx)
+	after := createAfterOutage(ctx, t, ns, "after", 10)
 	waitUUIDs(ctx, t, ns, after, time.Minute)
 	got := waitUUIDs(ctx, t, ns, before, time.Second)
 	for n, id := range want {
@@ -195,4 +163,52 @@ func TestEtcdOutage(t *testing.T) {
 		}
 	}
 	mustStayRunning(t, p)
+}
+
+// stopEtcd stops etcd and returns the function that starts it again; if
+// the test ends first, cleanup starts it, since later tests need it.
+func stopEtcd(t *testing.T) (start func(context.Context)) {
+	t.Helper()
+	if err := env.cluster.StopEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	started := false
+	t.Cleanup(func() {
+		if !started {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := env.cluster.StartEtcd(ctx); err != nil {
+				t.Errorf("restarting etcd: %v", err)
+			}
+		}
+	})
+	return func(ctx context.Context) {
+		t.Helper()
+		started = true
+		if err := env.cluster.StartEtcd(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// createAfterOutage creates n objects, retrying each create for up to a
+// minute: the apiserver's etcd client backs off while etcd is away, so the
+// first requests after it returns can still fail.
+func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n int) []string {
+	t.Helper()
+	names := make([]string, 0, n)
+	deadline := time.Now().Add(time.Minute)
+	for i := 0; i < n; {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		if _, err := uuids(ns).Create(ctx, newUuid(name), metav1.CreateOptions{}); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("create %s/%s a minute after etcd came back: %v", ns, name, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		names = append(names, name)
+		i++
+	}
+	return names
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -144,4 +145,42 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 	waitLeader(ctx, t, 10*time.Second, next)
 	more := createUuids(ctx, t, ns, "after-term", 3)
 	waitUUIDs(ctx, t, ns, more, 30*time.Second)
+}
+
+// TestLeaseLostExits: a leader that cannot renew its Lease (etcd down for
+// longer than the renew deadline) stops and exits non-zero, saying why,
+// instead of running on as a replica that never campaigns again; the
+// standby, which never led, stays up and takes over once etcd is back.
+func TestLeaseLostExits(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	args := leaderArgs(ns, 4*time.Second)
+	a := startController(ctx, t, ns, args...)
+	b := startController(ctx, t, ns, args...)
+	leader := waitLeader(ctx, t, 20*time.Second, a, b)
+	standby := a
+	if leader == a {
+		standby = b
+	}
+	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "before", 3), 30*time.Second)
+
+	startEtcd := stopEtcd(t)
+	code, err := leader.Wait(30 * time.Second)
+	if err != nil {
+		t.Fatalf("leader still running 30 s after etcd stopped (renew deadline 3 s): %v", err)
+	}
+	if code == 0 {
+		t.Errorf("leader exited 0 after losing its lease, want non-zero")
+	}
+	if out := leader.Output(); !strings.Contains(out, "leader lease lost") {
+		t.Errorf("leader's log does not say the lease was lost:\n%s", out)
+	}
+	mustStayRunning(t, standby)
+	startEtcd(ctx)
+
+	if got := waitLeader(ctx, t, time.Minute, standby); got != standby {
+		t.Fatal("standby did not take over")
+	}
+	waitUUIDs(ctx, t, ns, createAfterOutage(ctx, t, ns, "after", 5), time.Minute)
+	mustStayRunning(t, standby)
 }

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -53,16 +52,16 @@ func withoutStatusPatch(t *testing.T, name string) string {
 
 // TestForbiddenStatusPatch: without permission to patch uuid/status the
 // controller says so clearly (a Warning Event on the object, an error log,
-// a metric), retries a bounded number of times with backoff and stays up;
-// once the permission is granted, the next update of the object gets its
-// UUID.
+// a metric), keeps retrying with capped backoff instead of hot-looping or
+// giving up, and stays up; once the permission is granted, the object gets
+// its UUID on the next retry, with no restart and no update of the object.
 func TestForbiddenStatusPatch(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
 	const sa = "uuid-controller-no-status"
 	kc := withoutStatusPatch(t, sa)
-	const maxRetries = 3
-	p := startControllerAs(ctx, t, kc, ns, "--max-retries", "3")
+	const maxDelay = time.Second
+	p := startControllerAs(ctx, t, kc, ns, "--error-after", "3", "--max-retry-delay", maxDelay.String())
 	createUuids(ctx, t, ns, "denied", 1)
 
 	var warning *corev1.Event
@@ -82,32 +81,30 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	}
 	t.Logf("event: %s %s: %s", warning.Type, warning.Reason, warning.Message)
 
-	// Bounded: each try is one PATCH, plus one to record the error.
-	attempts := auditedStatusPatches(t, ns, 403)
-	if attempts < 1 || attempts > maxRetries+2 {
-		t.Errorf("%v forbidden status writes, want between 1 and %d", attempts, maxRetries+2)
-	}
-	time.Sleep(quiet)
-	if again := auditedStatusPatches(t, ns, 403); again != attempts {
-		t.Errorf("still retrying after giving up: %v forbidden writes, then %v", attempts, again)
-	}
-	failures := controllerMetric(ctx, t, p, "uuid_controller_patch_failures_total",
-		func(l map[string]string) bool { return l["reason"] == "Forbidden" })
-	if failures != float64(attempts) {
-		t.Errorf("patch_failures_total{reason=Forbidden} = %v, the apiserver saw %v", failures, attempts)
-	}
-	if d := controllerMetric(ctx, t, p, "uuid_controller_dropped_total", nil); d != 1 {
-		t.Errorf("dropped_total = %v, want 1", d)
+	// Still retrying, but with backoff: over a window of 5 retry delays,
+	// each try is at most two PATCHes (the assignment, and the Error status
+	// that reports it), so a hot loop would show as far more.
+	const window = 5 * maxDelay
+	start := auditedStatusPatches(t, ns, 403)
+	time.Sleep(window)
+	tries := auditedStatusPatches(t, ns, 403) - start
+	if tries < 1 || tries > 2*(int(window/maxDelay)+2) {
+		t.Errorf("%d forbidden status writes in %s with --max-retry-delay %s: want retries, and no more than %d",
+			tries, window, maxDelay, 2*(int(window/maxDelay)+2))
 	}
 	if out := p.Output(); !strings.Contains(out, "forbidden") {
 		t.Errorf("controller log does not mention forbidden:\n%s", out)
+	}
+	if d := controllerMetric(ctx, t, p, "uuid_controller_dropped_total", nil); d != 0 {
+		t.Errorf("dropped_total = %v, want 0: a missing grant is retried, not given up", d)
 	}
 	if _, id := status(ctx, t, ns, "denied-0"); id != "" {
 		t.Errorf("status.uuid = %q without permission to write it", id)
 	}
 	mustStayRunning(t, p)
 
-	// Grant the full role; an update of the object retries it.
+	// Grant the full role; a retry within --max-retry-delay of the grant
+	// reaching the authorizer assigns the UUID.
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: sa + "-granted"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "uuid-controller"},
@@ -116,17 +113,14 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// RBAC changes reach the authorizer through its own informer.
-	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; ; i++ {
-		patch := `{"metadata":{"labels":{"retry":"` + string(rune('a'+i%26)) + `"}}}`
-		if _, err := uuids(ns).Patch(ctx, "denied-0", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second)
-		if _, id := status(ctx, t, ns, "denied-0"); id != "" || time.Now().After(deadline) {
-			break
-		}
+	waitUUIDs(ctx, t, ns, []string{"denied-0"}, 30*time.Second)
+	if d := controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil); d != 1 {
+		t.Errorf("uuids_assigned_total = %v, want 1", d)
 	}
-	waitUUIDs(ctx, t, ns, []string{"denied-0"}, time.Second)
+	// Retrying has stopped, so the metric can be held against the audit log.
+	failures := controllerMetric(ctx, t, p, "uuid_controller_patch_failures_total",
+		func(l map[string]string) bool { return l["reason"] == "Forbidden" })
+	if denied := auditedStatusPatches(t, ns, 403); failures != float64(denied) {
+		t.Errorf("patch_failures_total{reason=Forbidden} = %v, the apiserver answered %d with 403", failures, denied)
+	}
 }

@@ -22,7 +22,7 @@ func TestStartupErrors(t *testing.T) {
 		wantCode int
 		mention  []string
 	}{
-		{"zero workers", []string{"--workers", "0"}, 2, []string{"--workers must be at least 1"}},
+		{"zero workers", []string{"--workers", "0"}, 2, []string{"--workers must be between 1 and"}},
 		{"unknown flag", []string{"--no-such-flag"}, 2, []string{"no-such-flag"}},
 		{"bad namespace", []string{"--namespace", "Team_A"}, 2, []string{`--namespace "Team_A" is not a valid name`}},
 		{"bad event level", []string{"--event-level", "Info"}, 2, []string{"--event-level", "Info"}},
