@@ -57,7 +57,7 @@ install:
 
 ## deploy: CRD, namespace, RBAC and the Deployment
 deploy: install
-	kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml -f deploy/deployment.yaml
+	kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml -f deploy/deployment.yaml -f deploy/pdb.yaml
 
 ## docker-build: the image (needs a container engine)
 docker-build:
