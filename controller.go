@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -79,14 +78,14 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// rateLimiter is client-go's default controller rate limiter (per-object
-// exponential backoff from 5 ms, and an overall 10 qps bucket with a burst
-// of 100) with the backoff capped at maxDelay.
+// rateLimiter is per-object exponential backoff from 5 ms, capped at
+// maxDelay. client-go's default controller limiter also has an overall
+// 10 qps bucket; it is left out because its reservations pile up: with
+// 10,000 objects failing through an outage each would be retried only every
+// 1,000 s, and the last some 17 minutes after the apiserver came back. The
+// apiserver is protected by the client's QPS limit and its own fairness.
 func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
-	return workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](5*time.Millisecond, maxDelay),
-		&workqueue.TypedBucketRateLimiter[cache.ObjectName]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
-	)
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](5*time.Millisecond, maxDelay)
 }
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
@@ -108,11 +107,10 @@ type Controller struct {
 	newUUID func() uuid.UUID
 	// syncHandler reconciles one key; a field so tests can inject failures.
 	syncHandler func(ctx context.Context, key cache.ObjectName) error
-	// errorWrites maps a key to the resourceVersion of the Error status
-	// this controller wrote on it, so the update event that write causes
-	// does not queue the object again at once, past its backoff.
-	errorWrites sync.Map
-	opts        Options
+	// reports tracks which failures have been reported, and the echoes of
+	// our own Error writes.
+	reports *failureReports
+	opts    Options
 }
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers
@@ -132,6 +130,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		recorder: recorder,
 		metrics:  metrics,
 		newUUID:  uuid.New,
+		reports:  newFailureReports(),
 		opts:     opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
@@ -145,7 +144,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { c.enqueue(logger, obj) },
 		UpdateFunc: func(_, obj any) {
-			if !c.isOwnErrorWrite(obj) {
+			if u, ok := obj.(*cachedUuid); !ok || !c.reports.isEcho(u) {
 				c.enqueue(logger, obj)
 			}
 		},
@@ -153,7 +152,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		// beyond forgetting an Error write on it.
 		DeleteFunc: func(obj any) {
 			if key, err := cache.DeletionHandlingObjectToName(obj); err == nil {
-				c.errorWrites.Delete(key)
+				c.reports.forget(key)
 			}
 		},
 	})
@@ -175,24 +174,6 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		return
 	}
 	c.queue.Add(cache.MetaObjectToName(u))
-}
-
-// isOwnErrorWrite tells the update event of this controller's own Error
-// status write, which carries nothing new: the object's retry is already
-// scheduled with backoff (or, for a request the apiserver rejected, not
-// scheduled at all), and queueing it now would skip that.
-func (c *Controller) isOwnErrorWrite(obj any) bool {
-	u, ok := obj.(*cachedUuid)
-	if !ok {
-		return false
-	}
-	key := cache.MetaObjectToName(u)
-	rv, ok := c.errorWrites.Load(key)
-	if !ok || rv != u.ResourceVersion {
-		return false
-	}
-	c.errorWrites.Delete(key)
-	return true
 }
 
 // Run starts workers and blocks until ctx is cancelled. It then stops taking
@@ -269,7 +250,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
 		c.queue.Forget(key)
-		c.errorWrites.Delete(key)
+		c.reports.forget(key)
 	case apierrors.IsConflict(err):
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
@@ -285,7 +266,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 	default:
 		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
 			"attempt", attempts, "errorAfter", c.opts.ErrorAfter)
-		if attempts >= c.opts.ErrorAfter {
+		if attempts >= c.opts.ErrorAfter && !c.reports.reported(key) {
 			c.markFailed(ctx, key, err)
 		}
 		c.queue.AddRateLimited(key)
@@ -323,7 +304,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
 	st := assignedStatus(c.newUUID())
-	if _, err := c.writeStatus(ctx, obj, st); err != nil {
+	if err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
 	c.metrics.Assigned.Inc()
@@ -334,7 +315,9 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
-// assignment, so it can never hide a UUID another writer just assigned.
+// assignment, so it can never hide a UUID another writer just assigned. A
+// failure that outlasts retries is reported once (until it ends), a
+// rejected request each time it is tried.
 func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
 	logger := klog.FromContext(ctx)
 	// The attempt's own deadline may be what just failed it.
@@ -350,14 +333,14 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
 	st := errorStatus(cause)
 	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
+		c.reports.markReported(key, "", "")
 		return // already says so; writing again would only wake the informer
 	}
-	rv, err := c.writeStatus(ctx, obj, st)
-	if err != nil {
+	c.reports.markReported(key, obj.ResourceVersion, st.Message)
+	if err := c.writeStatus(ctx, obj, st); err != nil {
+		c.reports.writeFailed(key)
 		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
-		return
 	}
-	c.errorWrites.Store(key, rv)
 }
 
 // get reads key from the informer's cache.
@@ -376,10 +359,9 @@ func (c *Controller) get(key cache.ObjectName) (*cachedUuid, error) {
 	return u, nil
 }
 
-// writeStatus patches st onto obj, counts the result and returns the
-// object's new resourceVersion.
-func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) (string, error) {
-	rv, err := patchStatus(ctx, c.client, obj, st)
+// writeStatus patches st onto obj and counts the result.
+func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) error {
+	err := patchStatus(ctx, c.client, obj, st)
 	switch {
 	case err == nil:
 		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
@@ -391,7 +373,7 @@ func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status
 		c.metrics.StatusWrites.WithLabelValues("error").Inc()
 		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
 	}
-	return rv, err
+	return err
 }
 
 // event posts an Event on obj, leaving out Normal ones unless asked for: an

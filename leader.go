@@ -54,8 +54,10 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 	}
 
 	// The elector gets a context of its own, cancelled only after work has
-	// returned: cancelling it releases the lease, and no write guarded by
-	// the lease may happen after that.
+	// returned: cancelling it releases the lease, so the next leader starts
+	// after this one's last write. (If reconciles outlast
+	// --shutdown-timeout, work returns without them; a write of theirs that
+	// lands late is still guarded by its resourceVersion precondition.)
 	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer leCancel()
 	workDone := make(chan struct{})

@@ -87,21 +87,19 @@ func run(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	defer waitHealth()
+	// Each deferred wait cancels ctx first: whatever ends run (an error, a
+	// lost lease), what it waits for stops only then.
+	defer func() { cancel(); waitHealth() }()
 	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsHandler(metrics.Registry, queueRegistry))
 	if err != nil {
 		return err
 	}
-	defer waitMetrics()
+	defer func() { cancel(); waitMetrics() }()
 
 	// Start does not block. Standbys run the informer too, so a new leader
 	// starts with a warm cache.
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	// First of the deferred calls to run: whatever ends run (a lost lease,
-	// an error), the informers and servers must stop for the waits above
-	// to return.
-	defer cancel()
+	defer func() { cancel(); factory.Shutdown() }()
 	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
 
 	var runErr error

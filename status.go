@@ -102,17 +102,16 @@ func statusPatch(resourceVersion string, st Status) ([]byte, error) {
 	return b, nil
 }
 
-// patchStatus sends st to the status subresource of obj and returns the
-// object's new resourceVersion.
-func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj metav1.Object, st Status) (string, error) {
+// patchStatus sends st to the status subresource of obj.
+func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj metav1.Object, st Status) error {
 	patch, err := statusPatch(obj.GetResourceVersion(), st)
 	if err != nil {
-		return "", err
+		return err
 	}
-	out, err := client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.MergePatchType, patch,
+	_, err = client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: FieldManager}, "status")
 	if err != nil {
-		return "", fmt.Errorf("patching status of %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
+		return fmt.Errorf("patching status of %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
 	}
-	return out.GetResourceVersion(), nil
+	return nil
 }

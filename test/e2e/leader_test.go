@@ -51,6 +51,19 @@ func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...
 	}
 }
 
+// startPair starts two replicas electing with the Lease named ns and
+// returns them as leader and standby once one leads.
+func startPair(ctx context.Context, t *testing.T, ns string, leaseDuration time.Duration) (leader, standby *cluster.ControllerProcess) {
+	t.Helper()
+	args := leaderArgs(ns, leaseDuration)
+	a := startController(ctx, t, ns, args...)
+	b := startController(ctx, t, ns, args...)
+	if leader = waitLeader(ctx, t, 20*time.Second, a, b); leader == a {
+		return a, b
+	}
+	return b, a
+}
+
 func leaseHolder(ctx context.Context, t *testing.T, name string) string {
 	t.Helper()
 	l, err := env.kube.CoordinationV1().Leases(cluster.ControllerNamespace).Get(ctx, name, metav1.GetOptions{})
@@ -74,14 +87,7 @@ func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) f
 func TestLeaderElection(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
-	args := leaderArgs(ns, 5*time.Second)
-	a := startController(ctx, t, ns, args...)
-	b := startController(ctx, t, ns, args...)
-	leader := waitLeader(ctx, t, 20*time.Second, a, b)
-	standby := a
-	if leader == a {
-		standby = b
-	}
+	leader, standby := startPair(ctx, t, ns, 5*time.Second)
 	holder := leaseHolder(ctx, t, ns)
 	if holder == "" {
 		t.Fatal("a replica reports leading but the Lease has no holder")
@@ -154,14 +160,7 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 func TestLeaseLostExits(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
-	args := leaderArgs(ns, 4*time.Second)
-	a := startController(ctx, t, ns, args...)
-	b := startController(ctx, t, ns, args...)
-	leader := waitLeader(ctx, t, 20*time.Second, a, b)
-	standby := a
-	if leader == a {
-		standby = b
-	}
+	leader, standby := startPair(ctx, t, ns, 4*time.Second)
 	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "before", 3), 30*time.Second)
 
 	startEtcd := stopEtcd(t)

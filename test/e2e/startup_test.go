@@ -27,7 +27,7 @@ func TestStartupErrors(t *testing.T) {
 		{"bad namespace", []string{"--namespace", "Team_A"}, 2, []string{`--namespace "Team_A" is not a valid name`}},
 		{"bad event level", []string{"--event-level", "Info"}, 2, []string{"--event-level", "Info"}},
 		{"missing kubeconfig", []string{"--kubeconfig", missing, "--health-addr", "0", "--metrics-addr", "0"}, 1, []string{missing}},
-		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "0", "--metrics-addr", strings.TrimPrefix(env.cluster.URL(), "https://")}, 1, []string{"listening for metrics"}},
+		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", strings.TrimPrefix(env.cluster.URL(), "https://")}, 1, []string{"listening for metrics"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
