@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // TestSchemaRejectsBadStatus: the CRD schema turns away a status the
@@ -90,4 +93,43 @@ func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 		}
 	}
 	mustStayRunning(t, p)
+}
+
+// TestUnusualObjects: objects at the edges of what the API accepts (the
+// longest name, a large spec, many labels, a pending finalizer and a
+// deletion in progress) get their UUID like any other, and the controller
+// stays up.
+func TestUnusualObjects(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	p := startController(ctx, t, ns)
+
+	long := strings.Repeat("a", 253) // a DNS subdomain's maximum
+	big := newUuid("big-spec")
+	big.Object["spec"] = map[string]any{"blob": strings.Repeat("x", 1<<20)}
+	labelled := newUuid("many-labels")
+	labels := map[string]string{}
+	for i := range 200 {
+		labels[fmt.Sprintf("label-%03d", i)] = "v"
+	}
+	labelled.SetLabels(labels)
+	terminating := newUuid("terminating")
+	terminating.SetFinalizers([]string{"example.com/hold"})
+	for _, u := range []*unstructured.Unstructured{newUuid(long), big, labelled, terminating} {
+		if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %.40s...: %v", u.GetName(), err)
+		}
+	}
+	// Deleting an object held by a finalizer leaves it terminating: it is
+	// still there, still has no UUID, and a status write is still allowed.
+	if err := uuids(ns).Delete(ctx, "terminating", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUUIDs(ctx, t, ns, []string{long, "big-spec", "many-labels", "terminating"}, 30*time.Second)
+	mustStayRunning(t, p)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = uuids(ns).Patch(ctx, "terminating", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	})
 }
