@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -186,11 +185,10 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer logger.Info("Shut down controller", "controller", controllerName)
 
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced) {
+		// It gives up only when ctx is cancelled: a shutdown before the
+		// first sync (no permission to list, no CRD yet) is not an error.
 		c.queue.ShutDown()
-		if ctx.Err() != nil {
-			return nil
-		}
-		return errors.New("failed to wait for the Uuid cache to sync")
+		return nil
 	}
 	var wg sync.WaitGroup
 	for range workers {

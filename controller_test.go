@@ -430,6 +430,51 @@ func TestPermanentErrorIsNotRetried(t *testing.T) {
 	if _, st := patchStatusOf(t, f.patches()[1]); st.State != StateError {
 		t.Errorf("status = %+v, want Error", st)
 	}
+	if got := testutil.ToFloat64(f.metrics.Dropped); got != 1 {
+		t.Errorf("dropped = %v, want 1", got)
+	}
+	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning "+ReasonFailed) {
+		t.Errorf("events = %q, want one Warning %s", ev, ReasonFailed)
+	}
+	// A resync (same version, still no UUID) tries a dropped object again.
+	logger, _ := ktesting.NewTestContext(t)
+	f.ctrl.enqueue(logger, toCached(obj))
+	if f.ctrl.queue.Len() != 1 {
+		t.Error("a resync did not queue the dropped object again")
+	}
+}
+
+// markFailed has nothing to do for an object that is gone from the cache or
+// got its UUID from another writer meanwhile: no event, no write.
+func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
+	done := withStatus(newUuid("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
+	f := newFixture(t, Options{}, done)
+	cause := errors.New("boom")
+	f.ctrl.markFailed(f.ctx, key("default", "done"), cause)
+	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause)
+	if n := len(f.patches()); n != 0 {
+		t.Errorf("%d patches, want none", n)
+	}
+	if ev := f.events(); len(ev) != 0 {
+		t.Errorf("events = %q, want none", ev)
+	}
+}
+
+// The transform must be set before the informer starts; NewController says
+// so instead of caching whole objects that its reads would then reject.
+func TestNewControllerOnStartedInformer(t *testing.T) {
+	client := newClient(t)
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(client, 0)
+	informer := factory.ForResource(uuidGVR)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	_, tctx := ktesting.NewTestContext(t)
+	_, err := NewController(tctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), Options{})
+	if err == nil || !strings.Contains(err.Error(), "must not have started") {
+		t.Errorf("err = %v, want one saying the informer must not have started", err)
+	}
 }
 
 func TestErrorStatusNotRewritten(t *testing.T) {
@@ -592,5 +637,32 @@ func TestNewControllerRejectsNegativeOptions(t *testing.T) {
 		if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), opts); err == nil {
 			t.Errorf("%+v accepted", opts)
 		}
+	}
+}
+
+// The backoff doubles from 5 ms and stops at the cap, with no overall
+// bucket stretching it as more objects fail.
+func TestRateLimiterCapsBackoff(t *testing.T) {
+	rl := rateLimiter(time.Second)
+	a, b := key("ns", "a"), key("ns", "b")
+	if d := rl.When(a); d != 5*time.Millisecond {
+		t.Errorf("first delay = %s, want 5ms", d)
+	}
+	var last time.Duration
+	for range 30 {
+		last = rl.When(a)
+	}
+	if last != time.Second {
+		t.Errorf("delay after 31 failures = %s, want the 1s cap", last)
+	}
+	for i := range 1000 {
+		rl.When(key("ns", strconv.Itoa(i)))
+	}
+	if d := rl.When(b); d != 5*time.Millisecond {
+		t.Errorf("first delay of another object after 1,000 others failed = %s, want 5ms", d)
+	}
+	rl.Forget(a)
+	if d := rl.When(a); d != 5*time.Millisecond {
+		t.Errorf("delay after Forget = %s, want 5ms", d)
 	}
 }

@@ -55,6 +55,11 @@ func NewMetrics() *Metrics {
 			Help: "1 while this process is the active controller.",
 		}),
 	}
+	// Known results are exported as 0 from the start, so a rate over them
+	// works before the first write and a missing series means a rename.
+	for _, result := range []string{"ok", "conflict", "not_found", "error"} {
+		m.StatusWrites.WithLabelValues(result)
+	}
 	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

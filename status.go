@@ -22,8 +22,8 @@ const (
 // kopf operator this ports wrote it.
 const MessageAssigned = "resource created successfully"
 
-// maxMessageLen keeps an error text inside the CRD's maxLength for message, so
-// the Error status itself can never be rejected by validation.
+// maxMessageLen keeps an error text well inside the CRD's maxLength for
+// message (4096), so the Error status itself is never rejected by validation.
 const maxMessageLen = 1024
 
 // Status is the controller-owned part of a Uuid object.
@@ -106,7 +106,7 @@ func statusPatch(resourceVersion string, st Status) ([]byte, error) {
 func patchStatus(ctx context.Context, client dynamic.NamespaceableResourceInterface, obj metav1.Object, st Status) error {
 	patch, err := statusPatch(obj.GetResourceVersion(), st)
 	if err != nil {
-		return err
+		return fmt.Errorf("status patch for %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
 	}
 	_, err = client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: FieldManager}, "status")

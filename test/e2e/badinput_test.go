@@ -102,6 +102,22 @@ func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 func TestUnusualObjects(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
+	// Deleted before the controller starts, so it first sees the object
+	// already terminating: still there behind its finalizer, with no UUID,
+	// and a status write still allowed.
+	terminating := newUuid("terminating")
+	terminating.SetFinalizers([]string{"example.com/hold"})
+	if _, err := uuids(ns).Create(ctx, terminating, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = uuids(ns).Patch(ctx, "terminating", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	})
+	if err := uuids(ns).Delete(ctx, "terminating", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	p := startController(ctx, t, ns)
 
 	long := strings.Repeat("a", 253) // a DNS subdomain's maximum
@@ -113,23 +129,18 @@ func TestUnusualObjects(t *testing.T) {
 		labels[fmt.Sprintf("label-%03d", i)] = "v"
 	}
 	labelled.SetLabels(labels)
-	terminating := newUuid("terminating")
-	terminating.SetFinalizers([]string{"example.com/hold"})
-	for _, u := range []*unstructured.Unstructured{newUuid(long), big, labelled, terminating} {
+	for _, u := range []*unstructured.Unstructured{newUuid(long), big, labelled} {
 		if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create %.40s...: %v", u.GetName(), err)
 		}
 	}
-	// Deleting an object held by a finalizer leaves it terminating: it is
-	// still there, still has no UUID, and a status write is still allowed.
-	if err := uuids(ns).Delete(ctx, "terminating", metav1.DeleteOptions{}); err != nil {
+	waitUUIDs(ctx, t, ns, []string{long, "big-spec", "many-labels", "terminating"}, 30*time.Second)
+	u, err := uuids(ns).Get(ctx, "terminating", metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitUUIDs(ctx, t, ns, []string{long, "big-spec", "many-labels", "terminating"}, 30*time.Second)
+	if u.GetDeletionTimestamp() == nil {
+		t.Error("the terminating object lost its deletionTimestamp")
+	}
 	mustStayRunning(t, p)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = uuids(ns).Patch(ctx, "terminating", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
-	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // TestAPIServerRestart: the apiserver goes away and comes back on the same
@@ -37,7 +38,7 @@ func TestAPIServerRestart(t *testing.T) {
 			t.Errorf("%s: UUID changed across the apiserver restart: %s -> %s", n, id, got[n])
 		}
 	}
-	if n := controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil); n != 20 {
+	if n := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 20); n != 20 {
 		t.Errorf("uuids_assigned_total = %v, want 20", n)
 	}
 	mustStayRunning(t, p)
@@ -51,21 +52,27 @@ func TestSIGTERMMidBurst(t *testing.T) {
 	ns := newNamespace(ctx, t)
 	names := createUuids(ctx, t, ns, "backlog", 300)
 	p := startController(ctx, t, ns)
+	waitFirstAssignment(ctx, t, p)
 	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	code, err := p.Wait(10 * time.Second)
+	// The default --shutdown-timeout is 10 s; the exit must come within it.
+	code, err := p.Wait(15 * time.Second)
 	if err != nil {
 		t.Fatalf("after SIGTERM: %v", err)
 	}
 	if code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
-	t.Logf("first controller wrote %d of %d before it stopped", auditedStatusPatches(t, ns, 200), len(names))
+	first := auditedStatusPatches(t, ns, 200)
+	if first == 0 || first == len(names) {
+		t.Fatalf("the first controller wrote %d of %d: SIGTERM did not land mid-backlog", first, len(names))
+	}
+	t.Logf("first controller wrote %d of %d before it stopped", first, len(names))
 
 	startController(ctx, t, ns)
 	waitUUIDs(ctx, t, ns, names, time.Minute)
-	if got := auditedStatusPatches(t, ns, 0); got != len(names) {
+	if got := auditedReaches(t, ns, 0, len(names)); got != len(names) {
 		t.Errorf("the audit log has %d status writes for %d objects, want exactly one each", got, len(names))
 	}
 }
@@ -82,14 +89,11 @@ func TestSIGKILLMidBurst(t *testing.T) {
 	names := createUuids(ctx, t, ns, "backlog", 300)
 	history := watchUUIDs(ctx, t, ns)
 	p := startController(ctx, t, ns)
-	deadline := time.Now().Add(30 * time.Second)
-	for controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no UUID assigned within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFirstAssignment(ctx, t, p)
 	p.Kill()
+	if done := countUUIDs(ctx, t, ns); done == len(names) {
+		t.Fatalf("all %d objects were done before the kill: it did not land mid-backlog", done)
+	}
 
 	startController(ctx, t, ns)
 	want := waitUUIDs(ctx, t, ns, names, time.Minute)
@@ -105,6 +109,34 @@ func TestSIGKILLMidBurst(t *testing.T) {
 			t.Errorf("%s: %d successful status writes, want at most one", name, n)
 		}
 	}
+}
+
+// waitFirstAssignment waits until p has assigned its first UUID.
+func waitFirstAssignment(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no UUID assigned within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// countUUIDs is how many objects in ns have a status.uuid.
+func countUUIDs(ctx context.Context, t *testing.T, ns string) int {
+	t.Helper()
+	list, err := uuids(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, u := range list.Items {
+		if id, _, _ := unstructured.NestedString(u.Object, "status", "uuid"); id != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func count(codes []int, code int) int {

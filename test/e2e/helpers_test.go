@@ -167,17 +167,37 @@ func apiStatusWrites(ctx context.Context, t *testing.T) float64 {
 }
 
 // controllerMetric sums a counter or gauge of the controller's /metrics.
+// The metric must be exported, so a renamed metric fails the test instead
+// of reading as 0.
 func controllerMetric(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool) float64 {
 	t.Helper()
 	text, err := p.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(text, "\n# TYPE "+name+" ") {
+		t.Fatalf("the controller exports no metric %s", name)
+	}
 	v, err := cluster.MetricSum(text, name, match)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// metricReaches polls a controller metric for up to 5 s until it equals
+// want and returns its last value: the controller counts a write when the
+// response arrives, which can trail a client seeing the written status.
+func metricReaches(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool, want float64) float64 {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v := controllerMetric(ctx, t, p, name, match)
+		if v == want || time.Now().After(deadline) {
+			return v
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func settled(t *testing.T, read func() (float64, error)) float64 {
@@ -221,6 +241,21 @@ func mustStayRunning(t *testing.T, p *cluster.ControllerProcess) {
 	t.Helper()
 	if p.Exited() {
 		t.Fatalf("controller exited unexpectedly; output:\n%s", p.Output())
+	}
+}
+
+// auditedReaches polls auditedStatusPatches for up to 5 s until it equals
+// want and returns its last value: the apiserver may answer a request
+// before its audit event is written.
+func auditedReaches(t *testing.T, ns string, code, want int) int {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := auditedStatusPatches(t, ns, code)
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -76,9 +76,10 @@ func leaseHolder(ctx context.Context, t *testing.T, name string) string {
 	return *l.Spec.HolderIdentity
 }
 
-func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) float64 {
+// writesOf reads p's status writes, waiting up to 5 s for them to reach want.
+func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, want int) float64 {
 	t.Helper()
-	return controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", nil)
+	return metricReaches(ctx, t, p, "uuid_controller_status_writes_total", nil, float64(want))
 }
 
 // TestLeaderElection: of two replicas only the Lease holder writes; when it
@@ -95,10 +96,10 @@ func TestLeaderElection(t *testing.T) {
 
 	first := createUuids(ctx, t, ns, "first", 10)
 	waitUUIDs(ctx, t, ns, first, 30*time.Second)
-	if got := writesOf(ctx, t, leader); got != float64(len(first)) {
+	if got := writesOf(ctx, t, leader, len(first)); got != float64(len(first)) {
 		t.Errorf("leader sent %v status writes, want %d", got, len(first))
 	}
-	if got := writesOf(ctx, t, standby); got != 0 {
+	if got := writesOf(ctx, t, standby, 0); got != 0 {
 		t.Errorf("standby sent %v status writes, want 0", got)
 	}
 
@@ -112,7 +113,7 @@ func TestLeaderElection(t *testing.T) {
 	}
 	second := createUuids(ctx, t, ns, "second", 10)
 	waitUUIDs(ctx, t, ns, second, 30*time.Second)
-	if got := writesOf(ctx, t, standby); got != float64(len(second)) {
+	if got := writesOf(ctx, t, standby, len(second)); got != float64(len(second)) {
 		t.Errorf("new leader sent %v status writes, want %d", got, len(second))
 	}
 	mustStayRunning(t, standby)

@@ -46,7 +46,7 @@ func TestUUIDIsStable(t *testing.T) {
 		}
 	}
 	unchanged("an update and resyncs")
-	if got := controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", nil); got != float64(len(names)) {
+	if got := metricReaches(ctx, t, p, "uuid_controller_status_writes_total", nil, float64(len(names))); got != float64(len(names)) {
 		t.Errorf("controller counted %v status writes, want %d", got, len(names))
 	}
 
@@ -74,6 +74,15 @@ func TestUUIDIsStable(t *testing.T) {
 	if ok != float64(len(more)) {
 		t.Errorf("two replicas counted %v successful writes, want %d", ok, len(more))
 	}
+	// Both see each new object at once, so they really race: the losers'
+	// writes are the 409s that prove the precondition at work.
+	isConflict := func(l map[string]string) bool { return l["result"] == "conflict" }
+	conflicts := controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", isConflict) +
+		controllerMetric(ctx, t, second, "uuid_controller_status_writes_total", isConflict)
+	if conflicts == 0 {
+		t.Error("the two replicas never raced for an object (no 409 Conflict): the test proves nothing")
+	}
+	t.Logf("two replicas: %v writes lost the race with 409 Conflict", conflicts)
 	mustStayRunning(t, p)
 	mustStayRunning(t, second)
 }
@@ -90,10 +99,10 @@ func TestObjectsCreatedWhileDown(t *testing.T) {
 	if got := apiStatusWrites(ctx, t) - writes; got != float64(len(names)) {
 		t.Errorf("%v status writes for %d objects, want one each", got, len(names))
 	}
-	if got := auditedStatusPatches(t, ns, 0); got != len(names) {
+	if got := auditedReaches(t, ns, 0, len(names)); got != len(names) {
 		t.Errorf("the audit log has %d status writes for %d objects, want one each", got, len(names))
 	}
-	if got := controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil); got != float64(len(names)) {
+	if got := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, float64(len(names))); got != float64(len(names)) {
 		t.Errorf("uuids_assigned_total = %v, want %d", got, len(names))
 	}
 }
