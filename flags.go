@@ -31,8 +31,9 @@ type config struct {
 	leader             LeaderElection
 }
 
-// serviceAccountNamespaceFile holds the pod's namespace inside a cluster.
-const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+// serviceAccountNamespaceFile holds the pod's namespace inside a cluster; a
+// variable so a test can point it elsewhere.
+var serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // parseFlags registers the controller's flags on fs, parses args and checks
 // the values against each other. klog's flags are registered by the caller.

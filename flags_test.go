@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -113,4 +115,29 @@ func TestServeRejectsBadAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait() // a disabled server returns at once
+}
+
+// In a pod the Lease goes to the pod's own namespace, read from the
+// ServiceAccount mount; elsewhere, or when that file is empty, uuid-system.
+func TestDefaultLeaseNamespace(t *testing.T) {
+	orig := serviceAccountNamespaceFile
+	t.Cleanup(func() { serviceAccountNamespaceFile = orig })
+	dir := t.TempDir()
+	for _, tc := range []struct{ content, want string }{
+		{"team-a\n", "team-a"},
+		{"  \n", "uuid-system"},
+		{"", "uuid-system"},
+	} {
+		serviceAccountNamespaceFile = filepath.Join(dir, "namespace")
+		if err := os.WriteFile(serviceAccountNamespaceFile, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := defaultLeaseNamespace(); got != tc.want {
+			t.Errorf("namespace file %q: lease namespace %q, want %q", tc.content, got, tc.want)
+		}
+	}
+	serviceAccountNamespaceFile = filepath.Join(dir, "missing")
+	if got := defaultLeaseNamespace(); got != "uuid-system" {
+		t.Errorf("no namespace file: lease namespace %q, want uuid-system", got)
+	}
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,23 +17,38 @@ import (
 // once with a clear message and a non-zero exit code.
 func TestStartupErrors(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-such-kubeconfig")
+	apiserver := strings.TrimPrefix(env.cluster.URL(), "https://") // a port that is taken
+	// In a pod without its ServiceAccount token mounted: the in-cluster
+	// config is chosen (no --kubeconfig, no $KUBECONFIG) and cannot load.
+	var podWithoutToken []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "KUBECONFIG=") {
+			podWithoutToken = append(podWithoutToken, e)
+		}
+	}
+	podWithoutToken = append(podWithoutToken, "KUBERNETES_SERVICE_HOST=127.0.0.1", "KUBERNETES_SERVICE_PORT=6443")
 	for _, tc := range []struct {
 		name     string
 		args     []string
+		env      []string
 		wantCode int
 		mention  []string
 	}{
-		{"zero workers", []string{"--workers", "0"}, 2, []string{"--workers must be between 1 and"}},
-		{"unknown flag", []string{"--no-such-flag"}, 2, []string{"no-such-flag"}},
-		{"bad namespace", []string{"--namespace", "Team_A"}, 2, []string{`--namespace "Team_A" is not a valid name`}},
-		{"bad event level", []string{"--event-level", "Info"}, 2, []string{"--event-level", "Info"}},
-		{"missing kubeconfig", []string{"--kubeconfig", missing, "--health-addr", "0", "--metrics-addr", "0"}, 1, []string{missing}},
-		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", strings.TrimPrefix(env.cluster.URL(), "https://")}, 1, []string{"listening for metrics"}},
+		{"zero workers", []string{"--workers", "0"}, nil, 2, []string{"--workers must be between 1 and"}},
+		{"unknown flag", []string{"--no-such-flag"}, nil, 2, []string{"no-such-flag"}},
+		{"bad namespace", []string{"--namespace", "Team_A"}, nil, 2, []string{`--namespace "Team_A" is not a valid name`}},
+		{"bad event level", []string{"--event-level", "Info"}, nil, 2, []string{"--event-level", "Info"}},
+		{"missing kubeconfig", []string{"--kubeconfig", missing, "--health-addr", "0", "--metrics-addr", "0"}, nil, 1, []string{missing}},
+		{"in-cluster without a token", []string{"--health-addr", "0", "--metrics-addr", "0"}, podWithoutToken, 1, []string{"loading in-cluster config"}},
+		{"health port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", apiserver, "--metrics-addr", "127.0.0.1:0"}, nil, 1, []string{"listening for health"}},
+		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", apiserver}, nil, 1, []string{"listening for metrics"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			out, err := exec.CommandContext(ctx, env.binary, tc.args...).CombinedOutput()
+			cmd := exec.CommandContext(ctx, env.binary, tc.args...)
+			cmd.Env = tc.env
+			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) {
 				t.Fatalf("err = %v, want a non-zero exit; output:\n%s", err, out)
