@@ -3,12 +3,16 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -243,4 +247,51 @@ func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n i
 		i++
 	}
 	return names
+}
+
+// TestTransientWriteErrors: the apiserver answers the first status PATCHes
+// with 500 (an overloaded or failing apiserver). The controller retries
+// with backoff, reports the failure on the object once it outlasts
+// --error-after (a Warning Event; its Error status write fails too), and
+// assigns the UUID as soon as a write goes through, with state Ok. Nothing
+// is dropped, and every failure is counted.
+func TestTransientWriteErrors(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	const failFirst = 6
+	var seen atomic.Int32
+	viaProxy := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if !isStatusPatch(r) || seen.Add(1) > failFirst {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by the test","reason":"InternalError","code":500}`))
+		return true
+	})
+	p := startControllerAs(ctx, t, viaProxy, ns, "--error-after", "3", "--max-retry-delay", "1s")
+	createUuids(ctx, t, ns, "flaky", 1)
+
+	waitUUIDs(ctx, t, ns, []string{"flaky-0"}, 30*time.Second)
+	if state, _ := status(ctx, t, ns, "flaky-0"); state != "Ok" {
+		t.Errorf("state = %q after recovery, want Ok", state)
+	}
+	var warned bool
+	for _, e := range events(ctx, t, ns, "flaky-0") {
+		warned = warned || (e.Type == corev1.EventTypeWarning && e.Reason == "UUIDFailed" && strings.Contains(e.Message, "injected by the test"))
+	}
+	if !warned {
+		t.Error("no Warning event UUIDFailed with the apiserver's error")
+	}
+	if got := seen.Load(); got != failFirst+1 {
+		t.Errorf("%d status PATCHes, want %d failed and 1 that landed", got, failFirst+1)
+	}
+	failures := controllerMetric(ctx, t, p, "uuid_controller_patch_failures_total",
+		func(l map[string]string) bool { return l["reason"] == "InternalError" })
+	if failures != failFirst {
+		t.Errorf("patch_failures_total{reason=InternalError} = %v, want %d", failures, failFirst)
+	}
+	if d := controllerMetric(ctx, t, p, "uuid_controller_dropped_total", nil); d != 0 {
+		t.Errorf("dropped_total = %v, want 0", d)
+	}
 }

@@ -1,68 +1,36 @@
 package e2e
 
 import (
-	"crypto/tls"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"k8s.io/client-go/tools/clientcmd"
 )
 
-// stallingProxy forwards to the apiserver but holds every status PATCH until
-// the test ends: an apiserver that has stopped answering writes. It returns
-// the controller's kubeconfig pointed at it, and held, the count of PATCHes
-// it is holding or has held.
+// stallingProxy holds every status PATCH until the test ends: an apiserver
+// that has stopped answering writes. held counts the PATCHes it is holding
+// or has held.
 func stallingProxy(t *testing.T) (kubeconfig string, held *atomic.Int32) {
 	t.Helper()
-	target, err := url.Parse(env.cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	// The test's own proxy to its own loopback apiserver.
-	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
 	release := make(chan struct{})
 	held = &atomic.Int32{}
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/status") {
-			held.Add(1)
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-			http.Error(w, "stalled by the test", http.StatusServiceUnavailable)
-			return
+	kubeconfig = apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if !isStatusPatch(r) {
+			return false
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() {
-		close(release)
-		srv.Close()
+		held.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "stalled by the test", http.StatusServiceUnavailable)
+		return true
 	})
-
-	// The ServiceAccount's credentials (client-go sends a token over TLS
-	// only), addressed to the proxy.
-	cfg, err := clientcmd.LoadFromFile(env.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = srv.URL
-		c.CertificateAuthorityData = nil
-		c.InsecureSkipTLSVerify = true
-	}
-	kubeconfig = filepath.Join(t.TempDir(), "via-proxy.kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	// Registered after the server's Close, so it runs first and lets the
+	// held requests finish.
+	t.Cleanup(func() { close(release) })
 	return kubeconfig, held
 }
 
