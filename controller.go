@@ -260,12 +260,12 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.metrics.Dropped.Inc()
 		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
 			"object", ref, "attempts", attempts)
-		c.markFailed(ctx, key, err)
+		c.markFailed(ctx, key, err, false)
 	default:
 		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
 			"attempt", attempts, "errorAfter", c.opts.ErrorAfter)
-		if attempts >= c.opts.ErrorAfter && !c.reports.reported(key) {
-			c.markFailed(ctx, key, err)
+		if attempts >= c.opts.ErrorAfter {
+			c.markFailed(ctx, key, err, true)
 		}
 		c.queue.AddRateLimited(key)
 	}
@@ -314,9 +314,9 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
 // assignment, so it can never hide a UUID another writer just assigned. A
-// failure that outlasts retries is reported once (until it ends), a
+// streak of retryable failures is reported once (until it ends), a
 // rejected request each time it is tried.
-func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
+func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error, streak bool) {
 	logger := klog.FromContext(ctx)
 	// The attempt's own deadline may be what just failed it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
@@ -325,17 +325,21 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
 	}
-	if obj.Status.UUID != "" {
+	if obj.Status.UUID != "" || (streak && c.reports.reported(obj)) {
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
 	st := errorStatus(cause)
 	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
-		c.reports.markReported(key, "", "")
+		c.reports.markReported(obj, streak, "")
 		return // already says so; writing again would only wake the informer
 	}
-	c.reports.markReported(key, obj.ResourceVersion, st.Message)
+	c.reports.markReported(obj, streak, st.Message)
 	if err := c.writeStatus(ctx, obj, st); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.reports.forget(key) // deleted meanwhile: its DeleteFunc may have run already
+			return
+		}
 		c.reports.writeFailed(key)
 		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
 	}

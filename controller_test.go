@@ -450,8 +450,8 @@ func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
 	done := withStatus(newUuid("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
 	f := newFixture(t, Options{}, done)
 	cause := errors.New("boom")
-	f.ctrl.markFailed(f.ctx, key("default", "done"), cause)
-	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause)
+	f.ctrl.markFailed(f.ctx, key("default", "done"), cause, true)
+	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause, false)
 	if n := len(f.patches()); n != 0 {
 		t.Errorf("%d patches, want none", n)
 	}
@@ -481,7 +481,7 @@ func TestErrorStatusNotRewritten(t *testing.T) {
 	cause := apierrors.NewForbidden(schema.GroupResource{Group: "demo.operator", Resource: "uuid/status"}, "example", errors.New("no"))
 	obj := withStatus(newUuid("default", "example", "5"), map[string]any{"state": "Error", "message": errorStatus(cause).Message})
 	f := newFixture(t, Options{}, obj)
-	f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
+	f.ctrl.markFailed(f.ctx, key("default", "example"), cause, true)
 	if n := len(f.patches()); n != 0 {
 		t.Errorf("%d patches, want none: status already says so", n)
 	}
@@ -664,5 +664,40 @@ func TestRateLimiterCapsBackoff(t *testing.T) {
 	rl.Forget(a)
 	if d := rl.When(a); d != 5*time.Millisecond {
 		t.Errorf("delay after Forget = %s, want 5ms", d)
+	}
+}
+
+// A rejected request, then (after the user's update) a run of retryable
+// failures: the second is reported too, not hidden by the first's report.
+func TestFailureAfterRejectionIsReported(t *testing.T) {
+	obj := newUuid("default", "example", "5")
+	client := newClient(t, obj)
+	preconditionReactor(t, client)
+	var cause atomic.Value
+	cause.Store(error(apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)))
+	client.PrependReactor("patch", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), `"state":"Ok"`) {
+			return true, nil, cause.Load().(error)
+		}
+		return false, nil, nil
+	})
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 2}, obj)
+	k := key("default", "example")
+	f.ctrl.queue.Add(k)
+	f.drive(1)
+	f.syncCache(k)
+	if ev := f.events(); len(ev) != 1 {
+		t.Fatalf("events after the rejection = %q, want one", ev)
+	}
+
+	cause.Store(error(apierrors.NewServiceUnavailable("overloaded")))
+	f.ctrl.queue.Add(k) // the user's update
+	for range 2 {
+		f.drive(1)
+		f.syncCache(k)
+	}
+	ev := f.events()
+	if len(ev) != 1 || !strings.Contains(ev[0], "overloaded") {
+		t.Errorf("events after %d retryable failures = %q, want one naming the new cause", 2, ev)
 	}
 }

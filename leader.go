@@ -94,7 +94,13 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 				work(workCtx)
 			},
 			OnStoppedLeading: func() {
-				logger.Info("Stopped leading", "identity", id)
+				// client-go calls this on every exit, led or not.
+				mu.Lock()
+				led := leading
+				mu.Unlock()
+				if led {
+					logger.Info("Stopped leading", "identity", id)
+				}
 			},
 			OnNewLeader: func(holder string) {
 				logger.Info("Leader observed", "leader", holder, "self", holder == id)

@@ -3,21 +3,27 @@ package main
 import (
 	"sync"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 )
 
-// failureReports remembers, per failing object, that its failure has been
-// reported (a Warning Event, state Error), so a long failure costs one
-// report rather than one per retry, and which Error status write of ours
-// the informer is yet to deliver back, so that update event does not queue
-// the object past its backoff (with a rejected request and an error text
-// that differs each time, that would be a hot loop).
+// failureReports remembers, per failing object, that its current streak of
+// retryable failures has been reported (a Warning Event, state Error), so a
+// long failure costs one report rather than one per retry, and which Error
+// status write of ours the informer is yet to deliver back, so that update
+// event does not queue the object past its backoff (with a rejected request
+// and an error text that differs each time, that would be a hot loop).
 type failureReports struct {
 	mu sync.Mutex
 	m  map[cache.ObjectName]*failureReport
 }
 
 type failureReport struct {
+	// uid tells the object apart from a later one of the same name.
+	uid types.UID
+	// streak is set once a streak of retryable failures has been reported;
+	// a rejected request (reported every time) leaves it unset.
+	streak bool
 	// echo is set while our Error write is in flight or not yet seen: the
 	// echo is a newer version than fromRV whose status carries message.
 	echo            bool
@@ -28,22 +34,25 @@ func newFailureReports() *failureReports {
 	return &failureReports{m: map[cache.ObjectName]*failureReport{}}
 }
 
-// reported tells whether key's current failure has been reported.
-func (f *failureReports) reported(key cache.ObjectName) bool {
+// reported tells whether obj's current streak of failures has been reported.
+func (f *failureReports) reported(obj *cachedUuid) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	_, ok := f.m[key]
-	return ok
+	r, ok := f.m[cache.MetaObjectToName(obj)]
+	return ok && r.uid == obj.UID && r.streak
 }
 
-// markReported records that key's failure has been reported. With a
-// message, an Error status write of it against version fromRV is about to
-// be sent; it is recorded before the write so an echo that outruns the
-// response is still recognised.
-func (f *failureReports) markReported(key cache.ObjectName, fromRV, message string) {
+// markReported records that obj's failure has been reported, as part of a
+// streak of retryable failures or not. With a message, an Error status
+// write of it is about to be sent against obj's version; it is recorded
+// before the write so an echo that outruns the response is still
+// recognised.
+func (f *failureReports) markReported(obj *cachedUuid, streak bool, message string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.m[key] = &failureReport{echo: message != "", fromRV: fromRV, message: message}
+	f.m[cache.MetaObjectToName(obj)] = &failureReport{
+		uid: obj.UID, streak: streak, echo: message != "", fromRV: obj.ResourceVersion, message: message,
+	}
 }
 
 // writeFailed drops the expected echo of a write that did not happen.
@@ -63,7 +72,7 @@ func (f *failureReports) isEcho(obj *cachedUuid) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, ok := f.m[key]
-	if !ok || !r.echo || obj.ResourceVersion == r.fromRV ||
+	if !ok || !r.echo || r.uid != obj.UID || obj.ResourceVersion == r.fromRV ||
 		obj.Status.State != StateError || obj.Status.Message != r.message {
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,11 +76,22 @@ func assignedStatus(id uuid.UUID) Status {
 // no uuid: the CRD accepts only real UUIDs there (the kopf operator wrote
 // "NA"), and an absent uuid lets a later update or resync try again.
 func errorStatus(err error) Status {
-	msg := err.Error()
-	if len(msg) > maxMessageLen {
-		msg = msg[:maxMessageLen]
+	return Status{State: StateError, Message: truncateMessage(err.Error(), maxMessageLen)}
+}
+
+// truncateMessage cuts msg to at most n bytes on a character boundary, with
+// each invalid UTF-8 byte replaced by U+FFFD as encoding/json would: the
+// message must read back from the API exactly as written, or the
+// controller cannot tell its own Error write when it returns.
+func truncateMessage(msg string, n int) string {
+	msg = string([]rune(msg))
+	if len(msg) <= n {
+		return msg
 	}
-	return Status{State: StateError, Message: msg}
+	for n > 0 && !utf8.RuneStart(msg[n]) {
+		n--
+	}
+	return msg[:n]
 }
 
 // statusPatch builds a JSON merge patch that sets status and carries the

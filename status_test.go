@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -85,4 +86,34 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// The Error message must read back from the API byte for byte, or the
+// controller would not know its own write when the informer returns it.
+func TestTruncateMessageSurvivesJSON(t *testing.T) {
+	for _, msg := range []string{
+		strings.Repeat("x", 1023) + "ü denied", // a two-byte character across the cut
+		"bad byte \xff here",                   // invalid UTF-8
+		strings.Repeat("日本", 600),              // three-byte characters
+		"short",
+	} {
+		got := truncateMessage(msg, maxMessageLen)
+		if len(got) > maxMessageLen || !utf8.ValidString(got) {
+			t.Errorf("truncateMessage(%.20q...) = %d bytes, valid UTF-8 %v", msg, len(got), utf8.ValidString(got))
+		}
+		b, err := json.Marshal(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back string
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back != got {
+			t.Errorf("truncateMessage(%.20q...) does not survive a JSON round trip", msg)
+		}
+	}
+	if got := truncateMessage("short", maxMessageLen); got != "short" {
+		t.Errorf("a short message changed: %q", got)
+	}
 }
