@@ -10,11 +10,17 @@ bin/uuid-controller --kubeconfig "${CONTROLLER_KUBECONFIG:-$KUBECONFIG}" --healt
 ctrl=$!
 trap 'kill -TERM $ctrl 2>/dev/null; wait $ctrl' EXIT
 kubectl apply -f examples/uuid.yaml
-for _ in $(seq 50); do
-	[ -n "$(kubectl get id example -o jsonpath='{.status.uuid}')" ] && break
+id=""
+for _ in $(seq 100); do
+	id=$(kubectl get id example -o jsonpath='{.status.uuid}' 2>/dev/null || true)
+	[ -n "$id" ] && break
 	sleep 0.1
 done
 kubectl get id
+if [ -z "$id" ]; then
+	echo "demo: example got no UUID within 10 s" >&2
+	exit 1
+fi
 [ "${DEMO_ONCE:-}" = 1 ] && exit 0
 echo "controller running; Ctrl-C stops it and the cluster"
 wait $ctrl
