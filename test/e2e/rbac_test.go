@@ -13,9 +13,9 @@ import (
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
 
-// withoutStatusPatch returns a ServiceAccount kubeconfig whose ClusterRole
-// is deploy/rbac.yaml's, as installed, less the uuid/status rule.
-func withoutStatusPatch(t *testing.T, name string) string {
+// withoutRule returns a ServiceAccount kubeconfig whose ClusterRole is
+// deploy/rbac.yaml's, as installed, less the rule for resource.
+func withoutRule(t *testing.T, name, resource string) string {
 	t.Helper()
 	ctx := testCtx(t)
 	rbac := env.kube.RbacV1()
@@ -25,12 +25,12 @@ func withoutStatusPatch(t *testing.T, name string) string {
 	}
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	for _, r := range full.Rules {
-		if !slices.Contains(r.Resources, "uuid/status") {
+		if !slices.Contains(r.Resources, resource) {
 			role.Rules = append(role.Rules, r)
 		}
 	}
 	if len(role.Rules) != len(full.Rules)-1 {
-		t.Fatalf("expected exactly one uuid/status rule in ClusterRole uuid-controller, rules: %v", full.Rules)
+		t.Fatalf("expected exactly one %s rule in ClusterRole uuid-controller, rules: %v", resource, full.Rules)
 	}
 	if _, err := rbac.ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
 	const sa = "uuid-controller-no-status"
-	kc := withoutStatusPatch(t, sa)
+	kc := withoutRule(t, sa, "uuid/status")
 	const maxDelay = time.Second
 	p := startControllerAs(ctx, t, kc, ns, "--error-after", "3", "--max-retry-delay", maxDelay.String())
 	createUuids(ctx, t, ns, "denied", 1)
@@ -127,4 +127,25 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	if denied := auditedStatusPatches(t, ns, 403); failures != float64(denied) {
 		t.Errorf("patch_failures_total{reason=Forbidden} = %v, the apiserver answered %d with 403", failures, denied)
 	}
+}
+
+// TestNoEventPermission: Events are a courtesy; without permission to post
+// them (a stricter ClusterRole) UUIDs are still assigned and failures still
+// retried, and the controller says in its log why its Events are missing.
+func TestNoEventPermission(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	kc := withoutRule(t, "uuid-controller-no-events", "events")
+	// --event-level Normal: every assignment tries to post an Event.
+	p := startControllerAs(ctx, t, kc, ns, "--event-level", "Normal")
+	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "quiet", 5), 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	// klog quotes the error, so its own quotes come escaped.
+	for out := p.Output(); !strings.Contains(out, "Server rejected event") || !strings.Contains(out, `cannot create resource \"events\"`); out = p.Output() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the log does not say that posting Events is forbidden:\n%s", p.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	mustStayRunning(t, p)
 }
