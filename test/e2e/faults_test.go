@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -276,12 +275,8 @@ func TestTransientWriteErrors(t *testing.T) {
 	if state, _ := status(ctx, t, ns, "flaky-0"); state != "Ok" {
 		t.Errorf("state = %q after recovery, want Ok", state)
 	}
-	var warned bool
-	for _, e := range events(ctx, t, ns, "flaky-0") {
-		warned = warned || (e.Type == corev1.EventTypeWarning && e.Reason == "UUIDFailed" && strings.Contains(e.Message, "injected by the test"))
-	}
-	if !warned {
-		t.Error("no Warning event UUIDFailed with the apiserver's error")
+	if w := waitWarning(ctx, t, ns, "flaky-0", "UUIDFailed"); !strings.Contains(w.Message, "injected by the test") {
+		t.Errorf("Warning event %q does not carry the apiserver's error", w.Message)
 	}
 	if got := seen.Load(); got != failFirst+1 {
 		t.Errorf("%d status PATCHes, want %d failed and 1 that landed", got, failFirst+1)

@@ -236,6 +236,23 @@ func events(ctx context.Context, t *testing.T, ns, name string) []corev1.Event {
 	return list.Items
 }
 
+// waitWarning waits up to 30 s for a Warning Event with reason on the named
+// object (the controller's broadcaster posts Events asynchronously).
+func waitWarning(ctx context.Context, t *testing.T, ns, name, reason string) corev1.Event {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		for _, e := range events(ctx, t, ns, name) {
+			if e.Type == corev1.EventTypeWarning && e.Reason == reason {
+				return e
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Warning event %s on %s/%s within 30 s", reason, ns, name)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // mustStayRunning fails the test if the controller has exited.
 func mustStayRunning(t *testing.T, p *cluster.ControllerProcess) {
 	t.Helper()

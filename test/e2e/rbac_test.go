@@ -1,12 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -35,6 +35,15 @@ func withoutRule(t *testing.T, name, resource string) string {
 	if _, err := rbac.ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Cluster-wide objects outlive the test's namespace: remove them, and
+	// any "-granted" binding the test adds, so the test can run again.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = rbac.ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = rbac.ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = rbac.ClusterRoleBindings().Delete(ctx, name+"-granted", metav1.DeleteOptions{})
+	})
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
@@ -64,18 +73,7 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	p := startControllerAs(ctx, t, kc, ns, "--error-after", "3", "--max-retry-delay", maxDelay.String())
 	createUuids(ctx, t, ns, "denied", 1)
 
-	var warning *corev1.Event
-	for deadline := time.Now().Add(30 * time.Second); warning == nil; {
-		for _, e := range events(ctx, t, ns, "denied-0") {
-			if e.Type == corev1.EventTypeWarning && e.Reason == "UUIDFailed" {
-				warning = &e
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no Warning event UUIDFailed on the object within 30 s")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	warning := waitWarning(ctx, t, ns, "denied-0", "UUIDFailed")
 	if !strings.Contains(warning.Message, "forbidden") || !strings.Contains(warning.Message, "uuid/status") {
 		t.Errorf("Warning event message %q does not say that patching uuid/status is forbidden", warning.Message)
 	}
