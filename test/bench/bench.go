@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	for _, n := range cfg.Ns {
 		res, err := b.runN(ctx, n)
 		if err != nil {
-			return rep, fmt.Errorf("N=%d: %w", n, err)
+			return rep, fmt.Errorf("run at N=%d: %w", n, err)
 		}
 		rep.Results = append(rep.Results, res)
 	}
