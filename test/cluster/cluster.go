@@ -468,40 +468,37 @@ func (c *Cluster) BinDir() string { return c.binDir }
 // and starts it again with the same flags, port and etcd, waiting for
 // /readyz. Data in etcd survives.
 func (c *Cluster) RestartAPIServer(ctx context.Context) error {
-	c.mu.Lock()
-	if c.stopped {
-		c.mu.Unlock()
-		return errors.New("cluster: RestartAPIServer after Stop")
-	}
-	old := c.apiserver
-	c.apiserver = nil
-	c.mu.Unlock()
-	if old != nil {
-		if err := old.stop(); err != nil {
-			return err
-		}
+	if err := c.stopOne(&c.apiserver, "RestartAPIServer"); err != nil {
+		return err
 	}
 	c.log.Info("restarting kube-apiserver")
 	return c.startAPIServer(ctx)
+}
+
+// stopOne takes the process in slot (c.etcd or c.apiserver) out of the
+// cluster and stops it (SIGTERM, up to 20 s, then SIGKILL); op names the
+// caller in the error when the cluster is already stopped.
+func (c *Cluster) stopOne(slot **process, op string) error {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return fmt.Errorf("cluster: %s after Stop", op)
+	}
+	old := *slot
+	*slot = nil
+	c.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	return old.stop()
 }
 
 // StopEtcd stops etcd (SIGTERM, up to 20 s, then SIGKILL) and leaves the
 // apiserver running without its storage, as in an etcd outage; StartEtcd
 // brings it back on the same port and data dir.
 func (c *Cluster) StopEtcd() error {
-	c.mu.Lock()
-	if c.stopped {
-		c.mu.Unlock()
-		return errors.New("cluster: StopEtcd after Stop")
-	}
-	old := c.etcd
-	c.etcd = nil
-	c.mu.Unlock()
-	if old == nil {
-		return nil
-	}
 	c.log.Info("stopping etcd")
-	return old.stop()
+	return c.stopOne(&c.etcd, "StopEtcd")
 }
 
 // StartEtcd starts etcd again after StopEtcd and waits for its /health.

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/demo-operator/uuid-controller/test/cluster"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
 )
 
 // TestAPIServerRestart: the apiserver goes away and comes back on the same
@@ -35,12 +35,7 @@ func TestAPIServerRestart(t *testing.T) {
 	// The reflector backs off while the apiserver is down, so the first
 	// events after it returns can take a few seconds.
 	waitUUIDs(ctx, t, ns, after, 60*time.Second)
-	got := waitUUIDs(ctx, t, ns, before, time.Second)
-	for n, id := range want {
-		if got[n] != id {
-			t.Errorf("%s: UUID changed across the apiserver restart: %s -> %s", n, id, got[n])
-		}
-	}
+	checkKept(ctx, t, ns, want, "the apiserver restart")
 	if n := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 20); n != 20 {
 		t.Errorf("uuids_assigned_total = %v, want 20", n)
 	}
@@ -94,7 +89,7 @@ func TestSIGKILLMidBurst(t *testing.T) {
 	p := startController(ctx, t, ns)
 	waitFirstAssignment(ctx, t, p)
 	p.Kill()
-	if done := countUUIDs(ctx, t, ns); done == len(names) {
+	if done := len(assignedUUIDs(ctx, t, ns)); done == len(names) {
 		t.Fatalf("all %d objects were done before the kill: it did not land mid-backlog", done)
 	}
 
@@ -126,22 +121,6 @@ func waitFirstAssignment(ctx context.Context, t *testing.T, p *cluster.Controlle
 	}
 }
 
-// countUUIDs is how many objects in ns have a status.uuid.
-func countUUIDs(ctx context.Context, t *testing.T, ns string) int {
-	t.Helper()
-	list, err := uuids(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, u := range list.Items {
-		if id, _, _ := unstructured.NestedString(u.Object, "status", "uuid"); id != "" {
-			n++
-		}
-	}
-	return n
-}
-
 func count(codes []int, code int) int {
 	n := 0
 	for _, c := range codes {
@@ -156,17 +135,7 @@ func count(codes []int, code int) int {
 // written successfully exactly once, the response codes of its status PATCHes.
 func auditedCodesNotOne200(t *testing.T, ns string) map[string][]int {
 	t.Helper()
-	evs, err := env.cluster.AuditEvents()
-	if err != nil {
-		t.Fatal(err)
-	}
-	codes := map[string][]int{}
-	for _, ev := range evs {
-		r := ev.ObjectRef
-		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" && r.Namespace == ns {
-			codes[r.Name] = append(codes[r.Name], ev.ResponseStatus.Code)
-		}
-	}
+	codes := auditedStatusPatchCodes(t, ns)
 	for name, cs := range codes {
 		if slices.Equal(cs, []int{200}) {
 			delete(codes, name)
@@ -191,12 +160,7 @@ func TestEtcdOutage(t *testing.T) {
 	startEtcd(ctx)
 	after := createAfterOutage(ctx, t, ns, "after", 10)
 	waitUUIDs(ctx, t, ns, after, time.Minute)
-	got := waitUUIDs(ctx, t, ns, before, time.Second)
-	for n, id := range want {
-		if got[n] != id {
-			t.Errorf("%s: UUID changed across the etcd outage: %s -> %s", n, id, got[n])
-		}
-	}
+	checkKept(ctx, t, ns, want, "the etcd outage")
 	mustStayRunning(t, p)
 }
 

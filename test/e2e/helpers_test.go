@@ -119,18 +119,7 @@ func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, tim
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		list, err := uuids(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatalf("list %s: %v", ns, err)
-		}
-		got := map[string]string{}
-		for _, u := range list.Items {
-			state, _, _ := unstructured.NestedString(u.Object, "status", "state")
-			id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
-			if state == "Ok" && id != "" {
-				got[u.GetName()] = id
-			}
-		}
+		got := assignedUUIDs(ctx, t, ns)
 		var missing []string
 		for _, n := range names {
 			if _, ok := got[n]; !ok {
@@ -149,6 +138,37 @@ func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, tim
 			t.Fatalf("after %s, %d of %d objects in %s have no UUID, e.g. %v", timeout, len(missing), len(names), ns, missing[:min(5, len(missing))])
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// assignedUUIDs lists ns and returns name -> UUID for the objects with
+// state Ok and a UUID.
+func assignedUUIDs(ctx context.Context, t *testing.T, ns string) map[string]string {
+	t.Helper()
+	list, err := uuids(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list %s: %v", ns, err)
+	}
+	got := map[string]string{}
+	for _, u := range list.Items {
+		state, _, _ := unstructured.NestedString(u.Object, "status", "state")
+		id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
+		if state == "Ok" && id != "" {
+			got[u.GetName()] = id
+		}
+	}
+	return got
+}
+
+// checkKept fails the test unless every object in want still has the UUID
+// it had before what happened (named by across).
+func checkKept(ctx context.Context, t *testing.T, ns string, want map[string]string, across string) {
+	t.Helper()
+	got := assignedUUIDs(ctx, t, ns)
+	for n, id := range want {
+		if got[n] != id {
+			t.Errorf("%s: UUID changed across %s: %s -> %s", n, across, id, got[n])
+		}
 	}
 }
 
@@ -185,19 +205,25 @@ func controllerMetric(ctx context.Context, t *testing.T, p *cluster.ControllerPr
 	return v
 }
 
-// metricReaches polls a controller metric for up to 5 s until it equals
-// want and returns its last value: the controller counts a write when the
-// response arrives, which can trail a client seeing the written status.
-func metricReaches(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool, want float64) float64 {
-	t.Helper()
+// reaches calls read every 50 ms for up to 5 s until it returns want, and
+// returns its last value: a count read right after a client saw a status
+// can trail it (the controller counts a write when the response arrives,
+// the apiserver may answer before its audit event is written).
+func reaches[T comparable](want T, read func() T) T {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		v := controllerMetric(ctx, t, p, name, match)
+		v := read()
 		if v == want || time.Now().After(deadline) {
 			return v
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// metricReaches is controllerMetric, waiting up to 5 s for want.
+func metricReaches(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool, want float64) float64 {
+	t.Helper()
+	return reaches(want, func() float64 { return controllerMetric(ctx, t, p, name, match) })
 }
 
 func settled(t *testing.T, read func() (float64, error)) float64 {
@@ -261,36 +287,42 @@ func mustStayRunning(t *testing.T, p *cluster.ControllerProcess) {
 	}
 }
 
-// auditedReaches polls auditedStatusPatches for up to 5 s until it equals
-// want and returns its last value: the apiserver may answer a request
-// before its audit event is written.
+// auditedReaches is auditedStatusPatches, waiting up to 5 s for want.
 func auditedReaches(t *testing.T, ns string, code, want int) int {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := auditedStatusPatches(t, ns, code)
-		if n == want || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return reaches(want, func() int { return auditedStatusPatches(t, ns, code) })
 }
 
 // auditedStatusPatches counts, from the apiserver's audit log, the PATCH
 // requests to the status of Uuid objects in ns answered with code (0: any).
 func auditedStatusPatches(t *testing.T, ns string, code int) int {
 	t.Helper()
+	n := 0
+	for _, codes := range auditedStatusPatchCodes(t, ns) {
+		for _, c := range codes {
+			if code == 0 || c == code {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// auditedStatusPatchCodes returns, from the apiserver's audit log, the
+// response codes of the PATCH requests to the status of each Uuid object
+// in ns, in order.
+func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
+	t.Helper()
 	evs, err := env.cluster.AuditEvents()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	codes := map[string][]int{}
 	for _, ev := range evs {
 		r := ev.ObjectRef
-		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" &&
-			r.Namespace == ns && (code == 0 || ev.ResponseStatus.Code == code) {
-			n++
+		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" && r.Namespace == ns {
+			codes[r.Name] = append(codes[r.Name], ev.ResponseStatus.Code)
 		}
 	}
-	return n
+	return codes
 }
