@@ -106,10 +106,7 @@ type Controller struct {
 	newUUID func() uuid.UUID
 	// syncHandler reconciles one key; a field so tests can inject failures.
 	syncHandler func(ctx context.Context, key cache.ObjectName) error
-	// reports tracks which failures have been reported, and the echoes of
-	// our own Error writes.
-	reports *failureReports
-	opts    Options
+	opts        Options
 }
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers
@@ -129,7 +126,6 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		recorder: recorder,
 		metrics:  metrics,
 		newUUID:  uuid.New,
-		reports:  newFailureReports(),
 		opts:     opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
@@ -141,24 +137,48 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		return nil, fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
 	}
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.enqueue(logger, obj) },
-		UpdateFunc: func(_, obj any) {
-			if u, ok := obj.(*cachedUuid); !ok || !c.reports.isEcho(u) {
-				c.enqueue(logger, obj)
-			}
-		},
-		// A deleted object needs nothing (no finalizer, nothing owned)
-		// beyond forgetting an Error write on it.
-		DeleteFunc: func(obj any) {
-			if key, err := cache.DeletionHandlingObjectToName(obj); err == nil {
-				c.reports.forget(key)
-			}
-		},
+		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
+		UpdateFunc: func(old, cur any) { c.onUpdate(logger, old, cur) },
+		DeleteFunc: c.onDelete,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
 	return c, nil
+}
+
+// onUpdate queues the object unless the update is the informer returning
+// the controller's own Error write (see isErrorWriteEcho).
+func (c *Controller) onUpdate(logger klog.Logger, old, cur any) {
+	if !isErrorWriteEcho(old, cur) {
+		c.enqueue(logger, cur)
+	}
+}
+
+// isErrorWriteEcho tells whether an update is the return of the
+// controller's own Error status write, as sample-controller tells a resync
+// by comparing resourceVersions: the status of an object without a UUID
+// changed to state Error. Queueing that update would retry the object ahead
+// of its backoff, and after a rejected request (not retried until the
+// object changes) with an error text that differs each time, loop. A user's
+// update of a failed object leaves its status as it was, and a resync
+// changes nothing, so both are queued. It needs no record of the writes:
+// the informer delivers the write's update event with the version it was
+// written against as old, whenever the PATCH response arrives.
+func isErrorWriteEcho(old, cur any) bool {
+	o, ok := old.(*cachedUuid)
+	n, ok2 := cur.(*cachedUuid)
+	return ok && ok2 && o.UID == n.UID && o.Status.UUID == "" && n.Status.UUID == "" &&
+		n.Status.State == StateError && n.Status != o.Status
+}
+
+// onDelete forgets a deleted object's failures: it needs nothing else (no
+// finalizer, nothing owned), and a new object of the same name starts its
+// own count of attempts, so its own failure is reported too.
+func (c *Controller) onDelete(obj any) {
+	if key, err := cache.DeletionHandlingObjectToName(obj); err == nil {
+		c.queue.Forget(key)
+	}
 }
 
 // enqueue queues obj only when it lacks a valid UUID, so objects already done
@@ -236,7 +256,7 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 // handleErr is the one place for retry policy. Everything but a request the
 // apiserver rejects as malformed is retried for as long as it takes, with
 // backoff: an outage, a 429 or a missing RBAC grant all heal without a
-// restart. After ErrorAfter failed attempts the failure is also reported on
+// restart. At the ErrorAfter-th failed attempt the failure is also reported on
 // the object.
 func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err error) {
 	logger := klog.FromContext(ctx)
@@ -248,7 +268,6 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
 		c.queue.Forget(key)
-		c.reports.forget(key)
 	case apierrors.IsConflict(err):
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
@@ -260,12 +279,17 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.metrics.Dropped.Inc()
 		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
 			"object", ref, "attempts", attempts)
-		c.markFailed(ctx, key, err, false)
+		c.markFailed(ctx, key, err)
 	default:
 		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
 			"attempt", attempts, "errorAfter", c.opts.ErrorAfter)
-		if attempts >= c.opts.ErrorAfter {
-			c.markFailed(ctx, key, err, true)
+		// Exactly at the ErrorAfter-th attempt, so a streak is reported
+		// once with no record of it: the count is the queue's, which Forget
+		// resets when the streak ends (success, deletion, a rejected
+		// request). A conflict counts as an attempt too; should it fall on
+		// the ErrorAfter-th, that streak goes unreported.
+		if attempts == c.opts.ErrorAfter {
+			c.markFailed(ctx, key, err)
 		}
 		c.queue.AddRateLimited(key)
 	}
@@ -313,10 +337,8 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
-// assignment, so it can never hide a UUID another writer just assigned. A
-// streak of retryable failures is reported once (until it ends), a
-// rejected request each time it is tried.
-func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error, streak bool) {
+// assignment, so it can never hide a UUID another writer just assigned.
+func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
 	logger := klog.FromContext(ctx)
 	// The attempt's own deadline may be what just failed it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
@@ -325,22 +347,15 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
 	}
-	if obj.Status.UUID != "" || (streak && c.reports.reported(obj)) {
+	if obj.Status.UUID != "" {
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
 	st := errorStatus(cause)
 	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
-		c.reports.markReported(obj, streak, "")
 		return // already says so; writing again would only wake the informer
 	}
-	c.reports.markReported(obj, streak, st.Message)
-	if err := c.writeStatus(ctx, obj, st); err != nil {
-		if apierrors.IsNotFound(err) {
-			c.reports.forget(key) // deleted meanwhile: its DeleteFunc may have run already
-			return
-		}
-		c.reports.writeFailed(key)
+	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {
 		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -369,8 +370,9 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 	invalid := apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)
 	failPatches(client, StateOk, invalid)
 	var f *fixture
-	// A watch may deliver the write before the PATCH response arrives: look
-	// at the written object from inside the request.
+	logger, _ := ktesting.NewTestContext(t)
+	// A watch may deliver the write before the PATCH response arrives: hand
+	// the written object to the update handler from inside the request.
 	var earlyEcho atomic.Bool
 	client.PrependReactor("patch", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if !strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), `"state":"Error"`) {
@@ -378,16 +380,20 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 		}
 		handled, out, err := preconditionPatch(t, client, a)
 		if err == nil {
-			earlyEcho.Store(f.ctrl.reports.isEcho(toCached(out.(*unstructured.Unstructured))))
+			earlyEcho.Store(true)
+			f.ctrl.onUpdate(logger, toCached(obj), toCached(out.(*unstructured.Unstructured)))
 		}
 		return handled, out, err
 	})
 	f = newFixtureWithClient(t, client, Options{}, obj)
-	logger, _ := ktesting.NewTestContext(t)
-	f.ctrl.queue.Add(key("default", "example"))
+	k := key("default", "example")
+	f.ctrl.queue.Add(k)
 	f.drive(1)
 	if !earlyEcho.Load() {
-		t.Error("the Error write's own update event, delivered before the response, was not recognised")
+		t.Fatal("no Error write was sent")
+	}
+	if n := f.ctrl.queue.Len(); n != 0 {
+		t.Error("the Error write's own update event, delivered before the response, queued the object")
 	}
 
 	cur, err := client.Tracker().Get(uuidGVR, "default", "example")
@@ -398,17 +404,106 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 	if echo.Status.State != StateError {
 		t.Fatalf("status = %+v, want the Error write", echo.Status)
 	}
-	if f.ctrl.reports.isEcho(echo) {
-		t.Error("recognised twice: a later event with the same version is a resync and must be looked at")
+	f.ctrl.onUpdate(logger, echo, echo)
+	if f.ctrl.queue.Len() != 1 {
+		t.Error("a resync of the Error write's version did not queue the object: it must be looked at")
 	}
+	k2, _ := f.ctrl.queue.Get()
+	f.ctrl.queue.Done(k2)
 	user := echo.DeepCopyObject().(*cachedUuid)
 	user.ResourceVersion = "99"
-	if f.ctrl.reports.isEcho(user) {
-		t.Error("a user's update was taken for the controller's own write")
-	}
-	f.ctrl.enqueue(logger, user)
+	f.ctrl.onUpdate(logger, echo, user)
 	if f.ctrl.queue.Len() != 1 {
 		t.Error("a user's update of a failed object did not queue it")
+	}
+}
+
+// The echo of the controller's own Error write is told from every other
+// update by the old and new objects alone.
+func TestIsErrorWriteEcho(t *testing.T) {
+	cached := func(uid types.UID, rv string, st Status) *cachedUuid {
+		return &cachedUuid{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "obj", UID: uid, ResourceVersion: rv},
+			Status:     st,
+		}
+	}
+	none := Status{}
+	failed := Status{State: StateError, Message: "boom"}
+	tests := []struct {
+		name     string
+		old, cur any
+		want     bool
+	}{
+		{"Error written on an object without status", cached("u1", "5", none), cached("u1", "6", failed), true},
+		{"a new Error text over an older one", cached("u1", "5", Status{State: StateError, Message: "old"}), cached("u1", "6", failed), true},
+		{"resync", cached("u1", "6", failed), cached("u1", "6", failed), false},
+		{"a user's update of a failed object", cached("u1", "6", failed), cached("u1", "7", failed), false},
+		{"status cleared", cached("u1", "6", failed), cached("u1", "7", none), false},
+		{"UUID assigned", cached("u1", "5", none), cached("u1", "6", Status{State: StateOk, UUID: testUUID}), false},
+		{"Error over a UUID (not the controller's)", cached("u1", "5", Status{State: StateOk, UUID: testUUID}), cached("u1", "6", failed), false},
+		{"another object of the same name", cached("u1", "5", none), cached("u2", "6", failed), false},
+		{"not a cached object", "tombstone", cached("u1", "6", failed), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := isErrorWriteEcho(tt.old, tt.cur); got != tt.want {
+				t.Errorf("isErrorWriteEcho = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// A streak of retryable failures is reported once, at the ErrorAfter-th
+// attempt; a streak that ended (a success, the object deleted) leaves
+// nothing behind, so the next one, or a new object of the same name, is
+// reported too.
+func TestFailureReportedOncePerStreak(t *testing.T) {
+	obj := newUuid("default", "example", "5")
+	f := newFixture(t, Options{ErrorAfter: 3}, obj)
+	k := key("default", "example")
+	cause := apierrors.NewServiceUnavailable("overloaded")
+	fail := func(n int) {
+		for range n {
+			f.ctrl.handleErr(f.ctx, k, cause)
+		}
+	}
+	reports := func() int {
+		n := 0
+		for _, p := range f.patches() {
+			if _, st := patchStatusOf(t, p); st.State == StateError {
+				n++
+			}
+		}
+		return n
+	}
+
+	fail(2)
+	if n := reports(); n != 0 {
+		t.Fatalf("%d reports after 2 failures with ErrorAfter 3, want 0", n)
+	}
+	fail(5)
+	if n := reports(); n != 1 {
+		t.Errorf("%d reports after 7 failures, want 1: a streak is reported once", n)
+	}
+
+	f.ctrl.handleErr(f.ctx, k, nil) // the streak ends
+	fail(3)
+	if n := reports(); n != 2 {
+		t.Errorf("%d reports after a second streak, want 2", n)
+	}
+
+	f.ctrl.onDelete(toCached(obj))
+	recreated := newUuid("default", "example", "9")
+	recreated.SetUID("new")
+	if err := f.indexer.Update(toCached(recreated)); err != nil {
+		t.Fatal(err)
+	}
+	fail(3)
+	if n := reports(); n != 3 {
+		t.Errorf("%d reports after a new object of the same name failed, want 3: it inherited the old one's", n)
+	}
+	if ev := f.events(); len(ev) != 3 {
+		t.Errorf("events = %q, want 3 Warnings", ev)
 	}
 }
 
@@ -450,8 +545,8 @@ func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
 	done := withStatus(newUuid("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
 	f := newFixture(t, Options{}, done)
 	cause := errors.New("boom")
-	f.ctrl.markFailed(f.ctx, key("default", "done"), cause, true)
-	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause, false)
+	f.ctrl.markFailed(f.ctx, key("default", "done"), cause)
+	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause)
 	if n := len(f.patches()); n != 0 {
 		t.Errorf("%d patches, want none", n)
 	}
@@ -481,7 +576,7 @@ func TestErrorStatusNotRewritten(t *testing.T) {
 	cause := apierrors.NewForbidden(schema.GroupResource{Group: "demo.operator", Resource: "uuid/status"}, "example", errors.New("no"))
 	obj := withStatus(newUuid("default", "example", "5"), map[string]any{"state": "Error", "message": errorStatus(cause).Message})
 	f := newFixture(t, Options{}, obj)
-	f.ctrl.markFailed(f.ctx, key("default", "example"), cause, true)
+	f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
 	if n := len(f.patches()); n != 0 {
 		t.Errorf("%d patches, want none: status already says so", n)
 	}
