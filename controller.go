@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -40,51 +41,101 @@ const (
 // uuidGVR is the resource the controller serves.
 var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"}
 
-// Options tune a Controller. The zero value of a field means its default.
+// Options tune a Controller. A zero field takes its value from
+// defaultOptions; the flags of the same name set them.
 type Options struct {
-	// ErrorAfter is how many failed attempts an object gets before the
-	// failure is reported on it: state Error in its status and a Warning
+	// ErrorAfter (--error-after) is the failed attempt at which a failure
+	// is reported on the object: state Error in its status and a Warning
 	// Event. Retrying goes on; only a request the apiserver rejects as
-	// malformed is given up at once. Default 15, about 80 s of retrying.
+	// malformed is given up at once.
 	ErrorAfter int
-	// MaxRetryDelay caps the per-object exponential backoff (5 ms
-	// doubling), so an object that failed all through an outage is retried
-	// within this long of the apiserver's return. Default 1 minute
-	// (client-go's default cap is 1,000 s).
+	// MaxRetryDelay (--max-retry-delay) caps the per-object exponential
+	// backoff, so an object that failed all through an outage is retried
+	// within this long of the apiserver's return.
 	MaxRetryDelay time.Duration
-	// SyncTimeout bounds one reconcile's API calls. Default 30 s.
+	// SyncTimeout bounds one reconcile's API calls.
 	SyncTimeout time.Duration
-	// ShutdownTimeout bounds how long Run waits for in-flight reconciles
-	// after its context is cancelled. Default 10 s.
+	// ShutdownTimeout (--shutdown-timeout) bounds how long Run waits for
+	// in-flight reconciles after its context is cancelled.
 	ShutdownTimeout time.Duration
-	// NormalEvents posts Normal events (an assignment) as well as Warnings.
+	// NormalEvents (--event-level Normal) posts Normal events (an
+	// assignment) as well as Warnings.
 	NormalEvents bool
 }
 
+// defaultOptions are the defaults of Options and of their flags.
+func defaultOptions() Options {
+	return Options{
+		// The 15th attempt comes about 80 s into retrying (see
+		// backoffBefore): past a blip, before an operator would look.
+		ErrorAfter: 15,
+		// client-go's default cap is 1,000 s, which an outage would add
+		// to every failed object's recovery.
+		MaxRetryDelay:   time.Minute,
+		SyncTimeout:     30 * time.Second,
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
 func (o Options) withDefaults() Options {
+	d := defaultOptions()
 	if o.ErrorAfter == 0 {
-		o.ErrorAfter = 15
+		o.ErrorAfter = d.ErrorAfter
 	}
 	if o.MaxRetryDelay == 0 {
-		o.MaxRetryDelay = time.Minute
+		o.MaxRetryDelay = d.MaxRetryDelay
 	}
 	if o.SyncTimeout == 0 {
-		o.SyncTimeout = 30 * time.Second
+		o.SyncTimeout = d.SyncTimeout
 	}
 	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 10 * time.Second
+		o.ShutdownTimeout = d.ShutdownTimeout
 	}
 	return o
 }
 
-// rateLimiter is per-object exponential backoff from 5 ms, capped at
+// validate checks o as it is. NewController fills in the defaults first;
+// the flags are checked without, so a flag set to 0 is an error rather
+// than its default.
+func (o Options) validate() error {
+	var errs []error
+	if o.ErrorAfter < 1 {
+		errs = append(errs, fmt.Errorf("--error-after must be at least 1, got %d", o.ErrorAfter))
+	}
+	if o.MaxRetryDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--max-retry-delay must be positive, got %s", o.MaxRetryDelay))
+	}
+	if o.SyncTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("the sync timeout must be positive, got %s", o.SyncTimeout))
+	}
+	if o.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", o.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// baseRetryDelay is an object's first retry delay; it doubles from there.
+const baseRetryDelay = 5 * time.Millisecond
+
+// rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
 // maxDelay. client-go's default controller limiter also has an overall
 // 10 qps bucket; it is left out because its reservations pile up: with
 // 10,000 objects failing through an outage each would be retried only every
 // 1,000 s, and the last some 17 minutes after the apiserver came back. The
 // apiserver is protected by the client's QPS limit and its own fairness.
 func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
-	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](5*time.Millisecond, maxDelay)
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
+}
+
+// backoffBefore is how long an object has been retried, in backoff alone,
+// when its attempt-th attempt starts.
+func backoffBefore(attempt int, maxDelay time.Duration) time.Duration {
+	rl := rateLimiter(maxDelay)
+	var total time.Duration
+	for range attempt - 1 {
+		total += rl.When(cache.ObjectName{})
+	}
+	return total
 }
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
@@ -115,8 +166,8 @@ type Controller struct {
 func NewController(ctx context.Context, client dynamic.Interface, informer informers.GenericInformer,
 	recorder record.EventRecorder, metrics *Metrics, opts Options) (*Controller, error) {
 	opts = opts.withDefaults()
-	if opts.ErrorAfter < 0 || opts.MaxRetryDelay < 0 {
-		return nil, fmt.Errorf("error-after and max retry delay must not be negative, got %d and %s", opts.ErrorAfter, opts.MaxRetryDelay)
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	logger := klog.FromContext(ctx)
 	c := &Controller{

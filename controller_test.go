@@ -762,6 +762,25 @@ func TestRateLimiterCapsBackoff(t *testing.T) {
 	}
 }
 
+// The figure --error-after's help gives ("about 1m22s") is the limiter's
+// own delays added up.
+func TestBackoffBefore(t *testing.T) {
+	for _, tc := range []struct {
+		attempt  int
+		maxDelay time.Duration
+		want     time.Duration
+	}{
+		{1, time.Minute, 0},
+		{3, time.Minute, 15 * time.Millisecond},
+		{15, time.Minute, 81915 * time.Millisecond},              // 5 ms × (2^14 - 1)
+		{12, time.Second, 1275*time.Millisecond + 3*time.Second}, // 5 ms .. 640 ms, then three 1 s caps
+	} {
+		if got := backoffBefore(tc.attempt, tc.maxDelay); got != tc.want {
+			t.Errorf("backoffBefore(%d, %s) = %s, want %s", tc.attempt, tc.maxDelay, got, tc.want)
+		}
+	}
+}
+
 // A rejected request, then (after the user's update) a run of retryable
 // failures: the second is reported too, not hidden by the first's report.
 func TestFailureAfterRejectionIsReported(t *testing.T) {

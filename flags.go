@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/leaderelection"
 )
@@ -18,17 +19,16 @@ type config struct {
 	kubeconfig, master string
 	namespace          string
 	workers            int
-	errorAfter         int
-	maxRetryDelay      time.Duration
 	resync             time.Duration
 	qps                float64
 	burst              int
 	healthAddr         string
 	metricsAddr        string
 	eventLevel         string
-	shutdownTimeout    time.Duration
 	leaderElect        bool
 	leader             LeaderElection
+	// opts is the controller's options, NormalEvents from eventLevel.
+	opts Options
 }
 
 // serviceAccountNamespaceFile holds the pod's namespace inside a cluster; a
@@ -38,26 +38,28 @@ var serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount
 // parseFlags registers the controller's flags on fs, parses args and checks
 // the values against each other. klog's flags are registered by the caller.
 func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
-	c := &config{}
+	d := defaultOptions()
+	c := &config{opts: d, leader: defaultLeaderElection()}
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster config, then ~/.kube/config.")
 	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
 	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in this namespace only. Default: all namespaces.")
 	fs.IntVar(&c.workers, "workers", 16, "Number of objects reconciled at once. Each waits on one API round trip, so more workers keep a burst from queueing.")
-	fs.IntVar(&c.errorAfter, "error-after", 15, "Failed attempts on an object (about 80 s of backoff by default) before its status says state Error and a Warning Event is posted. Retrying goes on.")
-	fs.DurationVar(&c.maxRetryDelay, "max-retry-delay", time.Minute, "Cap on an object's exponential retry backoff (5ms doubling).")
+	fs.IntVar(&c.opts.ErrorAfter, "error-after", d.ErrorAfter, fmt.Sprintf("Failed attempts on an object (about %s of backoff by default) before its status says state Error and a Warning Event is posted. Retrying goes on.",
+		backoffBefore(d.ErrorAfter, d.MaxRetryDelay).Round(time.Second)))
+	fs.DurationVar(&c.opts.MaxRetryDelay, "max-retry-delay", d.MaxRetryDelay, fmt.Sprintf("Cap on an object's exponential retry backoff (%s doubling).", baseRetryDelay))
 	fs.DurationVar(&c.resync, "resync", 10*time.Minute, "How often every cached object is re-checked; objects with a UUID cost nothing. 0 disables.")
 	fs.Float64Var(&c.qps, "kube-api-qps", 500, "Requests per second to the API server (client-side limit).")
 	fs.IntVar(&c.burst, "kube-api-burst", 1000, "Burst of requests to the API server above --kube-api-qps.")
 	fs.StringVar(&c.healthAddr, "health-addr", ":8080", "Address serving /healthz and /readyz. Empty or 0 disables.")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", ":9090", "Address serving Prometheus /metrics. Empty or 0 disables.")
 	fs.StringVar(&c.eventLevel, "event-level", "Warning", "Lowest Kubernetes Event type posted on objects: Normal (every assignment) or Warning (failures only).")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "How long in-flight reconciles may run after SIGTERM before the process exits anyway.")
+	fs.DurationVar(&c.opts.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "How long in-flight reconciles may run after SIGTERM before the process exits anyway.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader with a coordination.k8s.io Lease, so several replicas can run with one active.")
 	fs.StringVar(&c.leader.Namespace, "leader-elect-namespace", "", "Namespace of the Lease. Default: the pod's namespace in a cluster, else uuid-system.")
-	fs.StringVar(&c.leader.Name, "leader-elect-name", controllerName, "Name of the Lease.")
-	fs.DurationVar(&c.leader.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits before taking over a lease that is not renewed.")
-	fs.DurationVar(&c.leader.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before it stops leading.")
-	fs.DurationVar(&c.leader.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "Wait between leader election tries.")
+	fs.StringVar(&c.leader.Name, "leader-elect-name", c.leader.Name, "Name of the Lease.")
+	fs.DurationVar(&c.leader.LeaseDuration, "leader-elect-lease-duration", c.leader.LeaseDuration, "How long a standby waits before taking over a lease that is not renewed.")
+	fs.DurationVar(&c.leader.RenewDeadline, "leader-elect-renew-deadline", c.leader.RenewDeadline, "How long the leader retries renewing before it stops leading.")
+	fs.DurationVar(&c.leader.RetryPeriod, "leader-elect-retry-period", c.leader.RetryPeriod, "Wait between leader election tries.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -67,7 +69,20 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	if c.leader.Namespace == "" {
 		c.leader.Namespace = defaultLeaseNamespace()
 	}
+	c.eventLevel = canonicalEventLevel(c.eventLevel)
+	c.opts.NormalEvents = c.eventLevel == corev1.EventTypeNormal
 	return c, c.validate()
+}
+
+// canonicalEventLevel spells an event type as the API does, whatever its
+// case; anything else is returned as it is, for validate to reject.
+func canonicalEventLevel(level string) string {
+	for _, t := range []string{corev1.EventTypeNormal, corev1.EventTypeWarning} {
+		if strings.EqualFold(level, t) {
+			return t
+		}
+	}
+	return level
 }
 
 func (c *config) validate() error {
@@ -75,30 +90,17 @@ func (c *config) validate() error {
 	if c.workers < 1 || c.workers > maxWorkers {
 		errs = append(errs, fmt.Errorf("--workers must be between 1 and %d, got %d", maxWorkers, c.workers))
 	}
-	if c.errorAfter < 1 {
-		errs = append(errs, fmt.Errorf("--error-after must be at least 1, got %d", c.errorAfter))
-	}
-	if c.maxRetryDelay <= 0 {
-		errs = append(errs, fmt.Errorf("--max-retry-delay must be positive, got %s", c.maxRetryDelay))
-	}
+	errs = append(errs, c.opts.validate())
 	if c.resync < 0 {
 		errs = append(errs, fmt.Errorf("--resync must not be negative, got %s", c.resync))
 	}
 	if math.IsNaN(c.qps) || math.IsInf(c.qps, 0) || c.qps <= 0 || c.burst < 1 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", c.qps, c.burst))
 	}
-	if c.shutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", c.shutdownTimeout))
-	}
 	// A bad name would otherwise surface only as a failing list in the log,
 	// with the controller never becoming ready.
 	errs = append(errs, checkName("--namespace", c.namespace, validation.IsDNS1123Label)...)
-	switch strings.ToLower(c.eventLevel) {
-	case "normal":
-		c.eventLevel = "Normal"
-	case "warning":
-		c.eventLevel = "Warning"
-	default:
+	if c.eventLevel != corev1.EventTypeNormal && c.eventLevel != corev1.EventTypeWarning {
 		errs = append(errs, fmt.Errorf("--event-level must be Normal or Warning, got %q", c.eventLevel))
 	}
 	if c.leaderElect {

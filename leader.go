@@ -20,13 +20,25 @@ type LeaderElection struct {
 	// Namespace and Name of the coordination.k8s.io Lease.
 	Namespace, Name string
 	// LeaseDuration is how long standbys wait before taking over a lease
-	// that is not renewed. Default 15 s, as in Kubernetes' own components.
+	// that is not renewed.
 	LeaseDuration time.Duration
 	// RenewDeadline is how long the leader keeps retrying a renewal before it
-	// gives up leading. Default 10 s.
+	// gives up leading.
 	RenewDeadline time.Duration
-	// RetryPeriod is the wait between tries. Default 2 s.
+	// RetryPeriod is the wait between tries.
 	RetryPeriod time.Duration
+}
+
+// defaultLeaderElection is the defaults of the --leader-elect flags: the
+// timings of Kubernetes' own components. An empty Namespace is filled in
+// after parsing (defaultLeaseNamespace), so an empty flag means it too.
+func defaultLeaderElection() LeaderElection {
+	return LeaderElection{
+		Name:          controllerName,
+		LeaseDuration: 15 * time.Second,
+		RenewDeadline: 10 * time.Second,
+		RetryPeriod:   2 * time.Second,
+	}
 }
 
 // errLeaseLost ends a leader that could not renew its lease (an apiserver

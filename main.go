@@ -73,12 +73,7 @@ func run(ctx context.Context, cfg *config) error {
 
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.resync, cfg.namespace, nil)
 	informer := factory.ForResource(uuidGVR)
-	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, Options{
-		ErrorAfter:      cfg.errorAfter,
-		MaxRetryDelay:   cfg.maxRetryDelay,
-		ShutdownTimeout: cfg.shutdownTimeout,
-		NormalEvents:    cfg.eventLevel == corev1.EventTypeNormal,
-	})
+	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, cfg.opts)
 	if err != nil {
 		return err
 	}
