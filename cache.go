@@ -1,17 +1,20 @@
 package main
 
 import (
+	"fmt"
+
+	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
-// cachedUuid is what the informer keeps of a Uuid object: its identity (for
+// cachedUUID is what the informer keeps of a Uuid object: its identity (for
 // the cache key, the PATCH precondition and Event references) and its
 // status. It is about 600 bytes, against some 1,500 for even a trimmed
 // unstructured object and several KiB for a whole one, so the controller's
 // memory stays small and linear in the number of objects.
-type cachedUuid struct {
+type cachedUUID struct {
 	metav1.TypeMeta
 	// ObjectMeta holds only name, namespace, UID and resourceVersion.
 	metav1.ObjectMeta
@@ -24,10 +27,70 @@ type cachedUuid struct {
 }
 
 // DeepCopyObject implements runtime.Object.
-func (o *cachedUuid) DeepCopyObject() runtime.Object {
+func (o *cachedUUID) DeepCopyObject() runtime.Object {
 	out := *o
 	o.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
 	return &out
+}
+
+// trimForCache is the informer's transform: every object is stored, and
+// handed to the event handlers, as a *cachedUUID.
+func trimForCache(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		return toCached(u), nil
+	}
+	// Tombstones and anything else pass through unchanged.
+	return obj, nil
+}
+
+// toCached keeps what the controller reads of u.
+func toCached(u *unstructured.Unstructured) *cachedUUID {
+	id, problem := existingUUID(u)
+	st := currentStatus(u)
+	return &cachedUUID{
+		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:       u.GetNamespace(),
+			Name:            u.GetName(),
+			UID:             u.GetUID(),
+			ResourceVersion: u.GetResourceVersion(),
+		},
+		Status:      Status{State: shared(st.State), Message: shared(st.Message), UUID: id},
+		UUIDProblem: problem,
+	}
+}
+
+// existingUUID returns the object's valid status.uuid, or "" when there is
+// none. A reason is returned when status holds something that is not a UUID
+// (or status is not an object), so the caller can tell the user why it is
+// being replaced; the CRD schema rejects such values, so they only appear
+// when the schema was changed or bypassed.
+func existingUUID(obj *unstructured.Unstructured) (id string, problem string) {
+	raw, found, err := unstructured.NestedFieldNoCopy(obj.Object, "status", "uuid")
+	if err != nil {
+		return "", fmt.Sprintf("status is not an object: %v", err)
+	}
+	if !found {
+		return "", ""
+	}
+	s, ok := raw.(string)
+	if !ok {
+		return "", fmt.Sprintf("status.uuid is a %T, not a string", raw)
+	}
+	if s == "" {
+		return "", ""
+	}
+	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
+		return "", fmt.Sprintf("status.uuid %q is not a UUID", s)
+	}
+	return s, ""
+}
+
+// currentStatus reads status.state and status.message, tolerating any shape.
+func currentStatus(obj *unstructured.Unstructured) Status {
+	state, _, _ := unstructured.NestedString(obj.Object, "status", "state")
+	msg, _, _ := unstructured.NestedString(obj.Object, "status", "message")
+	return Status{State: state, Message: msg}
 }
 
 // Constants replace the decoded copies of these strings, which every object
@@ -47,31 +110,4 @@ func shared(s string) string {
 		return c
 	}
 	return s
-}
-
-// toCached keeps what the controller reads of u.
-func toCached(u *unstructured.Unstructured) *cachedUuid {
-	id, problem := existingUUID(u)
-	st := currentStatus(u)
-	return &cachedUuid{
-		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       u.GetNamespace(),
-			Name:            u.GetName(),
-			UID:             u.GetUID(),
-			ResourceVersion: u.GetResourceVersion(),
-		},
-		Status:      Status{State: shared(st.State), Message: shared(st.Message), UUID: id},
-		UUIDProblem: problem,
-	}
-}
-
-// trimForCache is the informer's transform: every object is stored, and
-// handed to the event handlers, as a *cachedUuid.
-func trimForCache(obj any) (any, error) {
-	if u, ok := obj.(*unstructured.Unstructured); ok {
-		return toCached(u), nil
-	}
-	// Tombstones and anything else pass through unchanged.
-	return obj, nil
 }

@@ -29,7 +29,7 @@ func TestTrimForCache(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			obj := newUuid("ns", "a", "7")
+			obj := newUUIDObject("ns", "a", "7")
 			obj.SetUID("uid-1")
 			obj.SetAnnotations(map[string]string{"big": strings.Repeat("y", 1000)})
 			obj.Object["spec"] = map[string]any{"anything": "here"}
@@ -40,9 +40,9 @@ func TestTrimForCache(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, ok := got.(*cachedUuid)
+			c, ok := got.(*cachedUUID)
 			if !ok {
-				t.Fatalf("transform gave a %T, want *cachedUuid", got)
+				t.Fatalf("transform gave a %T, want *cachedUUID", got)
 			}
 			if c.Name != "a" || c.Namespace != "ns" || c.ResourceVersion != "7" || c.UID != types.UID("uid-1") ||
 				c.Kind != "Uuid" || c.APIVersion != "demo.operator/v1" {
@@ -68,10 +68,45 @@ func TestTrimForCache(t *testing.T) {
 	}
 }
 
+func TestExistingUUID(t *testing.T) {
+	valid := "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90"
+	tests := []struct {
+		name        string
+		status      any // nil: no status at all
+		wantID      string
+		wantProblem string
+	}{
+		{name: "no status"},
+		{name: "empty status", status: map[string]any{}},
+		{name: "empty uuid", status: map[string]any{"uuid": ""}},
+		{name: "valid", status: map[string]any{"uuid": valid, "state": "Ok"}, wantID: valid},
+		{name: "valid with unknown fields", status: map[string]any{"uuid": valid, "extra": []any{1.0}}, wantID: valid},
+		{name: "not a uuid", status: map[string]any{"uuid": "NA"}, wantProblem: `status.uuid "NA" is not a UUID`},
+		{name: "urn form is not accepted", status: map[string]any{"uuid": "urn:uuid:" + valid}, wantProblem: "is not a UUID"},
+		{name: "uuid of wrong type", status: map[string]any{"uuid": int64(7)}, wantProblem: "status.uuid is a int64, not a string"},
+		{name: "status of wrong type", status: "done", wantProblem: "status is not an object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj := newUUIDObject("ns", "a", "1")
+			if tt.status != nil {
+				obj.Object["status"] = tt.status
+			}
+			id, problem := existingUUID(obj)
+			if id != tt.wantID {
+				t.Errorf("id = %q, want %q", id, tt.wantID)
+			}
+			if (tt.wantProblem == "") != (problem == "") || !strings.Contains(problem, tt.wantProblem) {
+				t.Errorf("problem = %q, want it to contain %q", problem, tt.wantProblem)
+			}
+		})
+	}
+}
+
 // The cached object must still be keyable by the informer and referable by
 // an Event.
-func TestCachedUuidIsAnObject(t *testing.T) {
-	c := toCached(newUuid("ns", "a", "7"))
+func TestCachedUUIDIsAnObject(t *testing.T) {
+	c := toCached(newUUIDObject("ns", "a", "7"))
 	c.UID = "uid-1"
 	if k, err := cache.MetaNamespaceKeyFunc(c); err != nil || k != "ns/a" {
 		t.Errorf("cache key = %q, %v; want ns/a", k, err)
@@ -83,7 +118,7 @@ func TestCachedUuidIsAnObject(t *testing.T) {
 	if r.Kind != "Uuid" || r.APIVersion != "demo.operator/v1" || r.Namespace != "ns" || r.Name != "a" || r.UID != "uid-1" {
 		t.Errorf("event reference = %+v", r)
 	}
-	cp := c.DeepCopyObject().(*cachedUuid)
+	cp := c.DeepCopyObject().(*cachedUUID)
 	cp.Name = "b"
 	if c.Name != "a" {
 		t.Error("DeepCopyObject shares the object")
@@ -92,7 +127,7 @@ func TestCachedUuidIsAnObject(t *testing.T) {
 
 func TestGetRejectsUntransformedObjects(t *testing.T) {
 	f := newFixture(t, Options{})
-	if err := f.indexer.Add(newUuid("ns", "raw", "1")); err != nil {
+	if err := f.indexer.Add(newUUIDObject("ns", "raw", "1")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.ctrl.get(key("ns", "raw")); err == nil || !strings.Contains(err.Error(), "*unstructured.Unstructured") {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -41,108 +40,11 @@ const (
 // uuidGVR is the resource the controller serves.
 var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"}
 
-// Options tune a Controller. A zero field takes its value from
-// defaultOptions; the flags of the same name set them.
-type Options struct {
-	// ErrorAfter (--error-after) is the failed attempt at which a failure
-	// is reported on the object: state Error in its status and a Warning
-	// Event. Retrying goes on; only a request the apiserver rejects as
-	// malformed is given up at once.
-	ErrorAfter int
-	// MaxRetryDelay (--max-retry-delay) caps the per-object exponential
-	// backoff, so an object that failed all through an outage is retried
-	// within this long of the apiserver's return.
-	MaxRetryDelay time.Duration
-	// SyncTimeout bounds one reconcile's API calls.
-	SyncTimeout time.Duration
-	// ShutdownTimeout (--shutdown-timeout) bounds how long Run waits for
-	// in-flight reconciles after its context is cancelled.
-	ShutdownTimeout time.Duration
-	// NormalEvents (--event-level Normal) posts Normal events (an
-	// assignment) as well as Warnings.
-	NormalEvents bool
-}
-
-// defaultOptions are the defaults of Options and of their flags.
-func defaultOptions() Options {
-	return Options{
-		// The 15th attempt comes about 80 s into retrying (see
-		// backoffBefore): past a blip, before an operator would look.
-		ErrorAfter: 15,
-		// client-go's default cap is 1,000 s, which an outage would add
-		// to every failed object's recovery.
-		MaxRetryDelay:   time.Minute,
-		SyncTimeout:     30 * time.Second,
-		ShutdownTimeout: 10 * time.Second,
-	}
-}
-
-func (o Options) withDefaults() Options {
-	d := defaultOptions()
-	if o.ErrorAfter == 0 {
-		o.ErrorAfter = d.ErrorAfter
-	}
-	if o.MaxRetryDelay == 0 {
-		o.MaxRetryDelay = d.MaxRetryDelay
-	}
-	if o.SyncTimeout == 0 {
-		o.SyncTimeout = d.SyncTimeout
-	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = d.ShutdownTimeout
-	}
-	return o
-}
-
-// validate checks o as it is. NewController fills in the defaults first;
-// the flags are checked without, so a flag set to 0 is an error rather
-// than its default.
-func (o Options) validate() error {
-	var errs []error
-	if o.ErrorAfter < 1 {
-		errs = append(errs, fmt.Errorf("--error-after must be at least 1, got %d", o.ErrorAfter))
-	}
-	if o.MaxRetryDelay <= 0 {
-		errs = append(errs, fmt.Errorf("--max-retry-delay must be positive, got %s", o.MaxRetryDelay))
-	}
-	if o.SyncTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("the sync timeout must be positive, got %s", o.SyncTimeout))
-	}
-	if o.ShutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", o.ShutdownTimeout))
-	}
-	return errors.Join(errs...)
-}
-
-// baseRetryDelay is an object's first retry delay; it doubles from there.
-const baseRetryDelay = 5 * time.Millisecond
-
-// rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
-// maxDelay. client-go's default controller limiter also has an overall
-// 10 qps bucket; it is left out because its reservations pile up: with
-// 10,000 objects failing through an outage each would be retried only every
-// 1,000 s, and the last some 17 minutes after the apiserver came back. The
-// apiserver is protected by the client's QPS limit and its own fairness.
-func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
-	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
-}
-
-// backoffBefore is how long an object has been retried, in backoff alone,
-// when its attempt-th attempt starts.
-func backoffBefore(attempt int, maxDelay time.Duration) time.Duration {
-	rl := rateLimiter(maxDelay)
-	var total time.Duration
-	for range attempt - 1 {
-		total += rl.When(cache.ObjectName{})
-	}
-	return total
-}
-
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
 type Controller struct {
 	// client writes the status subresource; reads come from store.
 	client dynamic.NamespaceableResourceInterface
-	// store is the informer's cache of *cachedUuid objects. Not a
+	// store is the informer's cache of *cachedUUID objects. Not a
 	// GenericLister: the dynamic one insists on unstructured objects.
 	store cache.Store
 	// synced reports whether the informer's cache has synced.
@@ -217,8 +119,8 @@ func (c *Controller) onUpdate(logger klog.Logger, old, cur any) {
 // the informer delivers the write's update event with the version it was
 // written against as old, whenever the PATCH response arrives.
 func isErrorWriteEcho(old, cur any) bool {
-	o, ok := old.(*cachedUuid)
-	n, ok2 := cur.(*cachedUuid)
+	o, ok := old.(*cachedUUID)
+	n, ok2 := cur.(*cachedUUID)
 	return ok && ok2 && o.UID == n.UID && o.Status.UUID == "" && n.Status.UUID == "" &&
 		n.Status.State == StateError && n.Status != o.Status
 }
@@ -235,7 +137,7 @@ func (c *Controller) onDelete(obj any) {
 // enqueue queues obj only when it lacks a valid UUID, so objects already done
 // (the whole cache at a restart, every resync) cost no queue traffic.
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
-	u, ok := obj.(*cachedUuid)
+	u, ok := obj.(*cachedUUID)
 	if !ok {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
@@ -304,6 +206,81 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	return true
 }
 
+// syncUUID assigns a UUID to the object named by key unless it has one.
+func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KRef(key.Namespace, key.Name))
+	ctx = klog.NewContext(ctx, logger)
+
+	obj, err := c.get(key)
+	if apierrors.IsNotFound(err) {
+		logger.V(4).Info("Object is gone, nothing to do")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	id, problem := obj.Status.UUID, obj.UUIDProblem
+	if id != "" {
+		// A UUID is never regenerated: not on update, resync or restart.
+		logger.V(4).Info("Object already has a UUID", "uuid", id)
+		return nil
+	}
+	if problem != "" {
+		logger.Info("Replacing an invalid status", "problem", problem)
+		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
+	}
+	st := assignedStatus(c.newUUID())
+	if err := c.writeStatus(ctx, obj, st); err != nil {
+		return err
+	}
+	c.metrics.Assigned.Inc()
+	logger.Info("Assigned UUID", "uuid", st.UUID)
+	c.event(obj, corev1.EventTypeNormal, ReasonAssigned, "Assigned UUID "+st.UUID)
+	return nil
+}
+
+// get reads key from the informer's cache.
+func (c *Controller) get(key cache.ObjectName) (*cachedUUID, error) {
+	obj, exists, err := c.store.GetByKey(key.String())
+	if err != nil {
+		return nil, fmt.Errorf("reading %s from the cache: %w", key, err)
+	}
+	if !exists {
+		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
+	}
+	u, ok := obj.(*cachedUUID)
+	if !ok {
+		return nil, fmt.Errorf("cache holds a %T for %s, not a *cachedUUID", obj, key)
+	}
+	return u, nil
+}
+
+// writeStatus patches st onto obj and counts the result.
+func (c *Controller) writeStatus(ctx context.Context, obj *cachedUUID, st Status) error {
+	err := patchStatus(ctx, c.client, obj, st)
+	switch {
+	case err == nil:
+		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
+	case apierrors.IsConflict(err):
+		c.metrics.StatusWrites.WithLabelValues("conflict").Inc()
+	case apierrors.IsNotFound(err):
+		c.metrics.StatusWrites.WithLabelValues("not_found").Inc()
+	default:
+		c.metrics.StatusWrites.WithLabelValues("error").Inc()
+		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
+	}
+	return err
+}
+
+// event posts an Event on obj, leaving out Normal ones unless asked for: an
+// Event per assignment doubles the API writes of a busy controller.
+func (c *Controller) event(obj *cachedUUID, eventType, reason, message string) {
+	if eventType == corev1.EventTypeNormal && !c.opts.NormalEvents {
+		return
+	}
+	c.recorder.Event(obj, eventType, reason, message)
+}
+
 // handleErr is the one place for retry policy. Everything but a request the
 // apiserver rejects as malformed is retried for as long as it takes, with
 // backoff: an outage, a 429 or a missing RBAC grant all heal without a
@@ -353,39 +330,6 @@ func isPermanent(err error) bool {
 		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
-// syncUUID assigns a UUID to the object named by key unless it has one.
-func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
-	logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KRef(key.Namespace, key.Name))
-	ctx = klog.NewContext(ctx, logger)
-
-	obj, err := c.get(key)
-	if apierrors.IsNotFound(err) {
-		logger.V(4).Info("Object is gone, nothing to do")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	id, problem := obj.Status.UUID, obj.UUIDProblem
-	if id != "" {
-		// A UUID is never regenerated: not on update, resync or restart.
-		logger.V(4).Info("Object already has a UUID", "uuid", id)
-		return nil
-	}
-	if problem != "" {
-		logger.Info("Replacing an invalid status", "problem", problem)
-		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
-	}
-	st := assignedStatus(c.newUUID())
-	if err := c.writeStatus(ctx, obj, st); err != nil {
-		return err
-	}
-	c.metrics.Assigned.Inc()
-	logger.Info("Assigned UUID", "uuid", st.UUID)
-	c.event(obj, corev1.EventTypeNormal, ReasonAssigned, "Assigned UUID "+st.UUID)
-	return nil
-}
-
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
 // assignment, so it can never hide a UUID another writer just assigned.
@@ -411,44 +355,26 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	}
 }
 
-// get reads key from the informer's cache.
-func (c *Controller) get(key cache.ObjectName) (*cachedUuid, error) {
-	obj, exists, err := c.store.GetByKey(key.String())
-	if err != nil {
-		return nil, fmt.Errorf("reading %s from the cache: %w", key, err)
-	}
-	if !exists {
-		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
-	}
-	u, ok := obj.(*cachedUuid)
-	if !ok {
-		return nil, fmt.Errorf("cache holds a %T for %s, not a *cachedUuid", obj, key)
-	}
-	return u, nil
+// baseRetryDelay is an object's first retry delay; it doubles from there.
+const baseRetryDelay = 5 * time.Millisecond
+
+// rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
+// maxDelay. client-go's default controller limiter also has an overall
+// 10 qps bucket; it is left out because its reservations pile up: with
+// 10,000 objects failing through an outage each would be retried only every
+// 1,000 s, and the last some 17 minutes after the apiserver came back. The
+// apiserver is protected by the client's QPS limit and its own fairness.
+func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
 }
 
-// writeStatus patches st onto obj and counts the result.
-func (c *Controller) writeStatus(ctx context.Context, obj *cachedUuid, st Status) error {
-	err := patchStatus(ctx, c.client, obj, st)
-	switch {
-	case err == nil:
-		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
-	case apierrors.IsConflict(err):
-		c.metrics.StatusWrites.WithLabelValues("conflict").Inc()
-	case apierrors.IsNotFound(err):
-		c.metrics.StatusWrites.WithLabelValues("not_found").Inc()
-	default:
-		c.metrics.StatusWrites.WithLabelValues("error").Inc()
-		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
+// backoffBefore is how long an object has been retried, in backoff alone,
+// when its attempt-th attempt starts.
+func backoffBefore(attempt int, maxDelay time.Duration) time.Duration {
+	rl := rateLimiter(maxDelay)
+	var total time.Duration
+	for range attempt - 1 {
+		total += rl.When(cache.ObjectName{})
 	}
-	return err
-}
-
-// event posts an Event on obj, leaving out Normal ones unless asked for: an
-// Event per assignment doubles the API writes of a busy controller.
-func (c *Controller) event(obj *cachedUuid, eventType, reason, message string) {
-	if eventType == corev1.EventTypeNormal && !c.opts.NormalEvents {
-		return
-	}
-	c.recorder.Event(obj, eventType, reason, message)
+	return total
 }

@@ -28,7 +28,7 @@ import (
 
 const testUUID = "3d6a4f0e-5b2c-4e7a-9c1d-8f0e2a4b6c8d"
 
-func newUuid(ns, name, rv string) *unstructured.Unstructured {
+func newUUIDObject(ns, name, rv string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{}}
 	u.SetAPIVersion("demo.operator/v1")
 	u.SetKind("Uuid")
@@ -150,7 +150,7 @@ func failPatches(client *dynamicfake.FakeDynamicClient, state string, err error)
 func key(ns, name string) cache.ObjectName { return cache.NewObjectName(ns, name) }
 
 func TestSyncAssignsOneUUID(t *testing.T) {
-	f := newFixture(t, Options{NormalEvents: true}, newUuid("default", "example", "5"))
+	f := newFixture(t, Options{NormalEvents: true}, newUUIDObject("default", "example", "5"))
 	if err := f.ctrl.syncHandler(f.ctx, key("default", "example")); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestSyncAssignsOneUUID(t *testing.T) {
 }
 
 func TestSyncRealUUIDIsValid(t *testing.T) {
-	f := newFixture(t, Options{}, newUuid("default", "example", "5"))
+	f := newFixture(t, Options{}, newUUIDObject("default", "example", "5"))
 	f.ctrl.newUUID = uuid.New
 	if err := f.ctrl.syncHandler(f.ctx, key("default", "example")); err != nil {
 		t.Fatal(err)
@@ -198,9 +198,9 @@ func TestSyncWritesNothing(t *testing.T) {
 		objs []*unstructured.Unstructured
 	}{
 		{name: "already has a UUID", objs: []*unstructured.Unstructured{
-			withStatus(newUuid("default", "example", "5"), map[string]any{"state": "Ok", "uuid": "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90"})}},
+			withStatus(newUUIDObject("default", "example", "5"), map[string]any{"state": "Ok", "uuid": "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90"})}},
 		{name: "has a UUID and unknown fields", objs: []*unstructured.Unstructured{
-			withStatus(newUuid("default", "example", "5"), map[string]any{"uuid": "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90", "extra": map[string]any{"a": "b"}})}},
+			withStatus(newUUIDObject("default", "example", "5"), map[string]any{"uuid": "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90", "extra": map[string]any{"a": "b"}})}},
 		{name: "deleted", objs: nil},
 	}
 	for _, tt := range tests {
@@ -227,7 +227,7 @@ func TestSyncReplacesBadStatus(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, Options{}, withStatus(newUuid("default", "example", "3"), tt.status))
+			f := newFixture(t, Options{}, withStatus(newUUIDObject("default", "example", "3"), tt.status))
 			if err := f.ctrl.syncHandler(f.ctx, key("default", "example")); err != nil {
 				t.Fatal(err)
 			}
@@ -249,10 +249,10 @@ func TestSyncReplacesBadStatus(t *testing.T) {
 func TestEnqueueOnlyObjectsWithoutUUID(t *testing.T) {
 	f := newFixture(t, Options{})
 	logger, _ := ktesting.NewTestContext(t)
-	f.ctrl.enqueue(logger, toCached(withStatus(newUuid("a", "done", "1"), map[string]any{"uuid": testUUID})))
+	f.ctrl.enqueue(logger, toCached(withStatus(newUUIDObject("a", "done", "1"), map[string]any{"uuid": testUUID})))
 	f.ctrl.enqueue(logger, "not an object")
-	f.ctrl.enqueue(logger, newUuid("a", "raw", "1")) // not transformed: a bug, not work
-	f.ctrl.enqueue(logger, toCached(newUuid("a", "new", "1")))
+	f.ctrl.enqueue(logger, newUUIDObject("a", "raw", "1")) // not transformed: a bug, not work
+	f.ctrl.enqueue(logger, toCached(newUUIDObject("a", "new", "1")))
 	if n := f.ctrl.queue.Len(); n != 1 {
 		t.Fatalf("queue length = %d, want 1", n)
 	}
@@ -296,7 +296,7 @@ func (f *fixture) drive(n int) {
 // reported on the object, once in status; and the object gets its UUID as
 // soon as the apiserver takes the write.
 func TestTransientErrorIsReportedAndRetried(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t, obj)
 	preconditionReactor(t, client)
 	failing := atomic.Bool{}
@@ -364,7 +364,7 @@ func TestTransientErrorIsReportedAndRetried(t *testing.T) {
 // the informer delivers it before the PATCH response arrives; a user's
 // update of the object must queue it.
 func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t, obj)
 	preconditionReactor(t, client)
 	invalid := apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)
@@ -410,7 +410,7 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 	}
 	k2, _ := f.ctrl.queue.Get()
 	f.ctrl.queue.Done(k2)
-	user := echo.DeepCopyObject().(*cachedUuid)
+	user := echo.DeepCopyObject().(*cachedUUID)
 	user.ResourceVersion = "99"
 	f.ctrl.onUpdate(logger, echo, user)
 	if f.ctrl.queue.Len() != 1 {
@@ -421,8 +421,8 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 // The echo of the controller's own Error write is told from every other
 // update by the old and new objects alone.
 func TestIsErrorWriteEcho(t *testing.T) {
-	cached := func(uid types.UID, rv string, st Status) *cachedUuid {
-		return &cachedUuid{
+	cached := func(uid types.UID, rv string, st Status) *cachedUUID {
+		return &cachedUUID{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "obj", UID: uid, ResourceVersion: rv},
 			Status:     st,
 		}
@@ -458,7 +458,7 @@ func TestIsErrorWriteEcho(t *testing.T) {
 // nothing behind, so the next one, or a new object of the same name, is
 // reported too.
 func TestFailureReportedOncePerStreak(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	f := newFixture(t, Options{ErrorAfter: 3}, obj)
 	k := key("default", "example")
 	cause := apierrors.NewServiceUnavailable("overloaded")
@@ -493,7 +493,7 @@ func TestFailureReportedOncePerStreak(t *testing.T) {
 	}
 
 	f.ctrl.onDelete(toCached(obj))
-	recreated := newUuid("default", "example", "9")
+	recreated := newUUIDObject("default", "example", "9")
 	recreated.SetUID("new")
 	if err := f.indexer.Update(toCached(recreated)); err != nil {
 		t.Fatal(err)
@@ -508,7 +508,7 @@ func TestFailureReportedOncePerStreak(t *testing.T) {
 }
 
 func TestPermanentErrorIsNotRetried(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t, obj)
 	invalid := apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "example", nil)
 	failures := failPatches(client, StateOk, invalid)
@@ -542,7 +542,7 @@ func TestPermanentErrorIsNotRetried(t *testing.T) {
 // markFailed has nothing to do for an object that is gone from the cache or
 // got its UUID from another writer meanwhile: no event, no write.
 func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
-	done := withStatus(newUuid("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
+	done := withStatus(newUUIDObject("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
 	f := newFixture(t, Options{}, done)
 	cause := errors.New("boom")
 	f.ctrl.markFailed(f.ctx, key("default", "done"), cause)
@@ -574,7 +574,7 @@ func TestNewControllerOnStartedInformer(t *testing.T) {
 
 func TestErrorStatusNotRewritten(t *testing.T) {
 	cause := apierrors.NewForbidden(schema.GroupResource{Group: "demo.operator", Resource: "uuid/status"}, "example", errors.New("no"))
-	obj := withStatus(newUuid("default", "example", "5"), map[string]any{"state": "Error", "message": errorStatus(cause).Message})
+	obj := withStatus(newUUIDObject("default", "example", "5"), map[string]any{"state": "Error", "message": errorStatus(cause).Message})
 	f := newFixture(t, Options{}, obj)
 	f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
 	if n := len(f.patches()); n != 0 {
@@ -583,7 +583,7 @@ func TestErrorStatusNotRewritten(t *testing.T) {
 }
 
 func TestNotFoundOnPatchIsNotAnError(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t)
 	f := newFixtureWithClient(t, client, Options{}, obj) // cached, but gone from the API
 	f.ctrl.queue.Add(key("default", "example"))
@@ -626,7 +626,7 @@ func preconditionPatch(t *testing.T, client *dynamicfake.FakeDynamicClient, a k8
 // first write land; the second gets a conflict, requeues, and on its next try
 // sees the winner's UUID and writes nothing.
 func TestTwoWritersRaceKeepsFirstUUID(t *testing.T) {
-	obj := newUuid("default", "example", "1")
+	obj := newUUIDObject("default", "example", "1")
 	client := newClient(t, obj)
 	preconditionReactor(t, client)
 	a := newFixtureWithClient(t, client, Options{}, obj)
@@ -784,7 +784,7 @@ func TestBackoffBefore(t *testing.T) {
 // A rejected request, then (after the user's update) a run of retryable
 // failures: the second is reported too, not hidden by the first's report.
 func TestFailureAfterRejectionIsReported(t *testing.T) {
-	obj := newUuid("default", "example", "5")
+	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t, obj)
 	preconditionReactor(t, client)
 	var cause atomic.Value

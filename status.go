@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 )
@@ -32,39 +31,6 @@ type Status struct {
 	State   string `json:"state,omitempty"`
 	Message string `json:"message,omitempty"`
 	UUID    string `json:"uuid,omitempty"`
-}
-
-// existingUUID returns the object's valid status.uuid, or "" when there is
-// none. A reason is returned when status holds something that is not a UUID
-// (or status is not an object), so the caller can tell the user why it is
-// being replaced; the CRD schema rejects such values, so they only appear
-// when the schema was changed or bypassed.
-func existingUUID(obj *unstructured.Unstructured) (id string, problem string) {
-	raw, found, err := unstructured.NestedFieldNoCopy(obj.Object, "status", "uuid")
-	if err != nil {
-		return "", fmt.Sprintf("status is not an object: %v", err)
-	}
-	if !found {
-		return "", ""
-	}
-	s, ok := raw.(string)
-	if !ok {
-		return "", fmt.Sprintf("status.uuid is a %T, not a string", raw)
-	}
-	if s == "" {
-		return "", ""
-	}
-	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
-		return "", fmt.Sprintf("status.uuid %q is not a UUID", s)
-	}
-	return s, ""
-}
-
-// currentStatus reads status.state and status.message, tolerating any shape.
-func currentStatus(obj *unstructured.Unstructured) Status {
-	state, _, _ := unstructured.NestedString(obj.Object, "status", "state")
-	msg, _, _ := unstructured.NestedString(obj.Object, "status", "message")
-	return Status{State: state, Message: msg}
 }
 
 // assignedStatus is the status written when a UUID is assigned.

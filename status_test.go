@@ -10,41 +10,6 @@ import (
 	"github.com/google/uuid"
 )
 
-func TestExistingUUID(t *testing.T) {
-	valid := "6f1c2a4e-8a53-4c0c-9d8e-3f7c5a1b2d90"
-	tests := []struct {
-		name        string
-		status      any // nil: no status at all
-		wantID      string
-		wantProblem string
-	}{
-		{name: "no status"},
-		{name: "empty status", status: map[string]any{}},
-		{name: "empty uuid", status: map[string]any{"uuid": ""}},
-		{name: "valid", status: map[string]any{"uuid": valid, "state": "Ok"}, wantID: valid},
-		{name: "valid with unknown fields", status: map[string]any{"uuid": valid, "extra": []any{1.0}}, wantID: valid},
-		{name: "not a uuid", status: map[string]any{"uuid": "NA"}, wantProblem: `status.uuid "NA" is not a UUID`},
-		{name: "urn form is not accepted", status: map[string]any{"uuid": "urn:uuid:" + valid}, wantProblem: "is not a UUID"},
-		{name: "uuid of wrong type", status: map[string]any{"uuid": int64(7)}, wantProblem: "status.uuid is a int64, not a string"},
-		{name: "status of wrong type", status: "done", wantProblem: "status is not an object"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			obj := newUuid("ns", "a", "1")
-			if tt.status != nil {
-				obj.Object["status"] = tt.status
-			}
-			id, problem := existingUUID(obj)
-			if id != tt.wantID {
-				t.Errorf("id = %q, want %q", id, tt.wantID)
-			}
-			if (tt.wantProblem == "") != (problem == "") || !strings.Contains(problem, tt.wantProblem) {
-				t.Errorf("problem = %q, want it to contain %q", problem, tt.wantProblem)
-			}
-		})
-	}
-}
-
 func TestStatusPatch(t *testing.T) {
 	id := uuid.MustParse("0b8f0c5e-1c1a-4d6b-a3f5-0f2b9b7e6c11")
 	b, err := statusPatch("42", assignedStatus(id))

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Options tune a Controller. A zero field takes its value from
+// defaultOptions; the flags of the same name set them.
+type Options struct {
+	// ErrorAfter (--error-after) is the failed attempt at which a failure
+	// is reported on the object: state Error in its status and a Warning
+	// Event. Retrying goes on; only a request the apiserver rejects as
+	// malformed is given up at once.
+	ErrorAfter int
+	// MaxRetryDelay (--max-retry-delay) caps the per-object exponential
+	// backoff, so an object that failed all through an outage is retried
+	// within this long of the apiserver's return.
+	MaxRetryDelay time.Duration
+	// SyncTimeout bounds one reconcile's API calls.
+	SyncTimeout time.Duration
+	// ShutdownTimeout (--shutdown-timeout) bounds how long Run waits for
+	// in-flight reconciles after its context is cancelled.
+	ShutdownTimeout time.Duration
+	// NormalEvents (--event-level Normal) posts Normal events (an
+	// assignment) as well as Warnings.
+	NormalEvents bool
+}
+
+// defaultOptions are the defaults of Options and of their flags.
+func defaultOptions() Options {
+	return Options{
+		// The 15th attempt comes about 80 s into retrying (see
+		// backoffBefore): past a blip, before an operator would look.
+		ErrorAfter: 15,
+		// client-go's default cap is 1,000 s, which an outage would add
+		// to every failed object's recovery.
+		MaxRetryDelay:   time.Minute,
+		SyncTimeout:     30 * time.Second,
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
+func (o Options) withDefaults() Options {
+	d := defaultOptions()
+	if o.ErrorAfter == 0 {
+		o.ErrorAfter = d.ErrorAfter
+	}
+	if o.MaxRetryDelay == 0 {
+		o.MaxRetryDelay = d.MaxRetryDelay
+	}
+	if o.SyncTimeout == 0 {
+		o.SyncTimeout = d.SyncTimeout
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = d.ShutdownTimeout
+	}
+	return o
+}
+
+// validate checks o as it is. NewController fills in the defaults first;
+// the flags are checked without, so a flag set to 0 is an error rather
+// than its default.
+func (o Options) validate() error {
+	var errs []error
+	if o.ErrorAfter < 1 {
+		errs = append(errs, fmt.Errorf("--error-after must be at least 1, got %d", o.ErrorAfter))
+	}
+	if o.MaxRetryDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--max-retry-delay must be positive, got %s", o.MaxRetryDelay))
+	}
+	if o.SyncTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("the sync timeout must be positive, got %s", o.SyncTimeout))
+	}
+	if o.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", o.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
