@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // auditPolicy records every request on Uuid objects and their status, at
@@ -38,6 +39,9 @@ type AuditEvent struct {
 	ResponseStatus struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
+	// RequestReceived is when the apiserver received the request, on its
+	// own clock.
+	RequestReceived time.Time `json:"requestReceivedTimestamp"`
 }
 
 func (c *Cluster) auditArgs() ([]string, error) {

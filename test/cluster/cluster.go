@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -396,30 +397,24 @@ func (c *Cluster) shortTimeoutConfig() *rest.Config {
 
 // poll calls check until it succeeds, p exits, ctx ends or timeout passes.
 func (c *Cluster) poll(ctx context.Context, p *process, timeout time.Duration, check func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
+	name := "cluster"
+	if p != nil {
+		name = p.name
+	}
 	var last error
-	for {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if p != nil {
 			if done, werr := p.exited(); done {
-				return fmt.Errorf("cluster: %s exited during start-up (%v); %s", p.name, werr, c.logHint(p.name))
+				return false, fmt.Errorf("cluster: %s exited during start-up (%v); %s", p.name, werr, c.logHint(p.name))
 			}
 		}
-		if last = check(ctx); last == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			name := "cluster"
-			if p != nil {
-				name = p.name
-			}
-			return fmt.Errorf("cluster: waiting for %s: %w (last error: %v); %s", name, ctx.Err(), last, c.logHint(name))
-		case <-tick.C:
-		}
+		last = check(ctx)
+		return last == nil, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("cluster: waiting for %s: %w (last error: %v); %s", name, err, last, c.logHint(name))
 	}
+	return err
 }
 
 // logHint points at a child's log, with its last lines when it is a file.

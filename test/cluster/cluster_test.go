@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -105,18 +106,16 @@ func TestCluster(t *testing.T) {
 		// be just after the client has the response: poll briefly.
 		var after string
 		var n1 float64
-		for deadline := time.Now().Add(10 * time.Second); ; {
+		// A timeout leaves n1 short, which the check below reports.
+		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 			if after, err = c.Metrics(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if n1, err = StatusWrites(after); err != nil {
 				t.Fatal(err)
 			}
-			if n1-n0 >= 2 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return n1-n0 >= 2, nil
+		})
 		for _, l := range strings.Split(after, "\n") {
 			if strings.HasPrefix(l, "apiserver_request_total{") && strings.Contains(l, `resource="uuid"`) {
 				t.Log(l)

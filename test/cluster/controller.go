@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // ControllerNamespace and ControllerServiceAccount are the identity
@@ -123,36 +125,31 @@ func (p *ControllerProcess) WaitReady(ctx context.Context, timeout time.Duration
 }
 
 func (p *ControllerProcess) waitHTTP(ctx context.Context, path string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	hc := &http.Client{Timeout: 2 * time.Second}
 	var last error
-	for {
-		select {
-		case <-p.done:
-			return fmt.Errorf("cluster: uuid-controller exited (%v) before %s answered; output:\n%s", p.err, path, p.Output())
-		default:
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if p.Exited() {
+			return false, fmt.Errorf("cluster: uuid-controller exited (%v) before %s answered; output:\n%s", p.err, path, p.Output())
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.healthURL+path, nil)
 		if err != nil {
-			return err
+			return false, err
 		}
 		resp, err := hc.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return nil
+				return true, nil
 			}
 			err = fmt.Errorf("%s: %s", path, resp.Status)
 		}
 		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("cluster: waiting for uuid-controller %s: %w (last: %v)", path, ctx.Err(), last)
-		case <-p.done:
-		case <-time.After(100 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("cluster: waiting for uuid-controller %s: %w (last: %v)", path, err, last)
 	}
+	return err
 }
 
 // Metrics returns the controller's /metrics in Prometheus text format.

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -170,33 +171,35 @@ func (c *Cluster) Apply(ctx context.Context, paths ...string) error {
 func applyOne(ctx context.Context, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, obj *unstructured.Unstructured) error {
 	gvk := obj.GroupVersionKind()
 	desc := fmt.Sprintf("%s %s/%s", gvk.Kind, obj.GetNamespace(), obj.GetName())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if meta.IsNoMatchError(err) && time.Now().Before(deadline) {
+	// A CRD applied just before is served only once discovery has it.
+	var m *meta.RESTMapping
+	var noMatch error
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		var err error
+		if m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version); meta.IsNoMatchError(err) {
+			noMatch = err
 			mapper.Reset()
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("cluster: apply %s: %w", desc, ctx.Err())
-			case <-time.After(500 * time.Millisecond):
-			}
-			continue
+			return false, nil
 		}
-		if err != nil {
-			return fmt.Errorf("cluster: apply %s: %w", desc, err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			if obj.GetNamespace() == "" {
-				obj.SetNamespace(metav1.NamespaceDefault)
-			}
-			ri = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
-		}
-		if _, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
-			return fmt.Errorf("cluster: apply %s: %w", desc, err)
-		}
-		return nil
+		return err == nil, err
+	})
+	if wait.Interrupted(err) && noMatch != nil {
+		err = fmt.Errorf("%w (%w)", noMatch, err)
 	}
+	if err != nil {
+		return fmt.Errorf("cluster: apply %s: %w", desc, err)
+	}
+	var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		if obj.GetNamespace() == "" {
+			obj.SetNamespace(metav1.NamespaceDefault)
+		}
+		ri = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+	}
+	if _, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return fmt.Errorf("cluster: apply %s: %w", desc, err)
+	}
+	return nil
 }
 
 func readObjects(path string) ([]*unstructured.Unstructured, error) {

@@ -7,11 +7,11 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -51,15 +51,8 @@ func TestSIGTERMMidBurst(t *testing.T) {
 	names := createUuids(ctx, t, ns, "backlog", 300)
 	p := startController(ctx, t, ns)
 	waitFirstAssignment(ctx, t, p)
-	if err := p.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
 	// The default --shutdown-timeout is 10 s; the exit must come within it.
-	code, err := p.Wait(15 * time.Second)
-	if err != nil {
-		t.Fatalf("after SIGTERM: %v", err)
-	}
-	if code != 0 {
+	if code := sigterm(t, p, 15*time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
 	first := auditedStatusPatches(t, ns, 200)
@@ -112,12 +105,11 @@ func TestSIGKILLMidBurst(t *testing.T) {
 // waitFirstAssignment waits until p has assigned its first UUID.
 func waitFirstAssignment(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no UUID assigned within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return controllerMetric(ctx, t, p, "uuid_controller_uuids_assigned_total", nil) > 0, nil
+	})
+	if err != nil {
+		t.Fatal("no UUID assigned within 30 s")
 	}
 }
 
@@ -195,19 +187,22 @@ func stopEtcd(t *testing.T) (start func(context.Context)) {
 // first requests after it returns can still fail.
 func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n int) []string {
 	t.Helper()
-	names := make([]string, 0, n)
-	deadline := time.Now().Add(time.Minute)
-	for i := 0; i < n; {
-		name := fmt.Sprintf("%s-%d", prefix, i)
-		if _, err := uuids(ns).Create(ctx, newUuid(name), metav1.CreateOptions{}); err != nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("create %s/%s a minute after etcd came back: %v", ns, name, err)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	created := 0
+	var lastErr error
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for ; created < n; created++ {
+			if _, lastErr = uuids(ns).Create(ctx, newUuid(names[created]), metav1.CreateOptions{}); lastErr != nil {
+				return false, nil
 			}
-			time.Sleep(500 * time.Millisecond)
-			continue
 		}
-		names = append(names, name)
-		i++
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("create %s/%s a minute after etcd came back: %v", ns, names[created], lastErr)
 	}
 	return names
 }

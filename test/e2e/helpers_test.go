@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
@@ -117,28 +119,27 @@ func status(ctx context.Context, t *testing.T, ns, name string) (state, id strin
 // and returns name -> UUID.
 func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, timeout time.Duration) map[string]string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		got := assignedUUIDs(ctx, t, ns)
-		var missing []string
+	var got map[string]string
+	missing := names
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		got = assignedUUIDs(ctx, t, ns)
+		missing = nil
 		for _, n := range names {
 			if _, ok := got[n]; !ok {
 				missing = append(missing, n)
 			}
 		}
-		if len(missing) == 0 {
-			for _, n := range names {
-				if _, err := uuid.Parse(got[n]); err != nil {
-					t.Errorf("%s/%s: status.uuid %q is not a UUID: %v", ns, n, got[n], err)
-				}
-			}
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s, %d of %d objects in %s have no UUID, e.g. %v", timeout, len(missing), len(names), ns, missing[:min(5, len(missing))])
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("after %s, %d of %d objects in %s have no UUID, e.g. %v", timeout, len(missing), len(names), ns, missing[:min(5, len(missing))])
 	}
+	for _, n := range names {
+		if _, err := uuid.Parse(got[n]); err != nil {
+			t.Errorf("%s/%s: status.uuid %q is not a UUID: %v", ns, n, got[n], err)
+		}
+	}
+	return got
 }
 
 // assignedUUIDs lists ns and returns name -> UUID for the objects with
@@ -210,14 +211,13 @@ func controllerMetric(ctx context.Context, t *testing.T, p *cluster.ControllerPr
 // can trail it (the controller counts a write when the response arrives,
 // the apiserver may answer before its audit event is written).
 func reaches[T comparable](want T, read func() T) T {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		v := read()
-		if v == want || time.Now().After(deadline) {
-			return v
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var v T
+	// Only the timeout ends the wait, and then the last value is the answer.
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		v = read()
+		return v == want, nil
+	})
+	return v
 }
 
 // metricReaches is controllerMetric, waiting up to 5 s for want.
@@ -226,22 +226,26 @@ func metricReaches(ctx context.Context, t *testing.T, p *cluster.ControllerProce
 	return reaches(want, func() float64 { return controllerMetric(ctx, t, p, name, match) })
 }
 
+// settled calls read every 300 ms until it returns the same value twice
+// in a row, and returns that value.
 func settled(t *testing.T, read func() (float64, error)) float64 {
 	t.Helper()
 	prev := -1.0
-	for range 50 {
+	err := wait.PollUntilContextTimeout(t.Context(), 300*time.Millisecond, 15*time.Second, true, func(context.Context) (bool, error) {
 		v, err := read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v == prev {
-			return v
+		if err != nil || v == prev {
+			return err == nil, err
 		}
 		prev = v
-		time.Sleep(300 * time.Millisecond)
+		return false, nil
+	})
+	if wait.Interrupted(err) {
+		t.Fatalf("metric still changing after 15 s (last %v)", prev)
 	}
-	t.Fatalf("metric still changing after 15 s (last %v)", prev)
-	return 0
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prev
 }
 
 // patchStatus is a user's (admin's) merge patch of the status subresource.
@@ -266,17 +270,34 @@ func events(ctx context.Context, t *testing.T, ns, name string) []corev1.Event {
 // object (the controller's broadcaster posts Events asynchronously).
 func waitWarning(ctx context.Context, t *testing.T, ns, name, reason string) corev1.Event {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	var found corev1.Event
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		for _, e := range events(ctx, t, ns, name) {
 			if e.Type == corev1.EventTypeWarning && e.Reason == reason {
-				return e
+				found = e
+				return true, nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Warning event %s on %s/%s within 30 s", reason, ns, name)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no Warning event %s on %s/%s within 30 s", reason, ns, name)
 	}
+	return found
+}
+
+// sigterm sends p SIGTERM and returns its exit code, failing the test if
+// it is still running after timeout.
+func sigterm(t *testing.T, p *cluster.ControllerProcess, timeout time.Duration) int {
+	t.Helper()
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code, err := p.Wait(timeout)
+	if err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+	return code
 }
 
 // mustStayRunning fails the test if the controller has exited.
@@ -313,16 +334,27 @@ func auditedStatusPatches(t *testing.T, ns string, code int) int {
 // in ns, in order.
 func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
 	t.Helper()
+	codes := map[string][]int{}
+	for _, ev := range auditedStatusPatchEvents(t, ns) {
+		codes[ev.ObjectRef.Name] = append(codes[ev.ObjectRef.Name], ev.ResponseStatus.Code)
+	}
+	return codes
+}
+
+// auditedStatusPatchEvents returns, from the apiserver's audit log, the
+// PATCH requests to the status of Uuid objects in ns, in order.
+func auditedStatusPatchEvents(t *testing.T, ns string) []cluster.AuditEvent {
+	t.Helper()
 	evs, err := env.cluster.AuditEvents()
 	if err != nil {
 		t.Fatal(err)
 	}
-	codes := map[string][]int{}
+	var out []cluster.AuditEvent
 	for _, ev := range evs {
 		r := ev.ObjectRef
 		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" && r.Namespace == ns {
-			codes[r.Name] = append(codes[r.Name], ev.ResponseStatus.Code)
+			out = append(out, ev)
 		}
 	}
-	return codes
+	return out
 }

@@ -3,11 +3,11 @@ package e2e
 import (
 	"context"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -30,9 +30,9 @@ func isLeader(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) b
 // waitLeader waits until exactly one of ps reports leading and returns it.
 func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...*cluster.ControllerProcess) *cluster.ControllerProcess {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var leaders []*cluster.ControllerProcess
+	var leaders []*cluster.ControllerProcess
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		leaders = nil
 		for _, p := range ps {
 			if isLeader(ctx, t, p) {
 				leaders = append(leaders, p)
@@ -41,14 +41,12 @@ func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...
 		if len(leaders) > 1 {
 			t.Fatalf("%d replicas report leading at once", len(leaders))
 		}
-		if len(leaders) == 1 {
-			return leaders[0]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no replica became leader within %s", timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(leaders) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("no replica became leader within %s", timeout)
 	}
+	return leaders[0]
 }
 
 // startPair starts two replicas electing with the Lease named ns and
@@ -133,14 +131,7 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 	waitUUIDs(ctx, t, ns, names, 30*time.Second)
 
 	start := time.Now()
-	if err := p.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	code, err := p.Wait(5 * time.Second)
-	if err != nil {
-		t.Fatalf("after SIGTERM: %v", err)
-	}
-	if code != 0 {
+	if code := sigterm(t, p, 5*time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
 	t.Logf("exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))

@@ -9,6 +9,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -83,12 +84,40 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	// --max-retry-delay (after about 1.3 s), one PATCH per delay, the
 	// failure having been reported already. A hot loop would show as far
 	// more; the default 1 min cap as at most one (attempts 12 and 13 come
-	// 10 s and 20 s in).
-	time.Sleep(8 * time.Second)
-	const window = 6 * time.Second
-	start := auditedStatusPatches(t, ns, 403)
-	time.Sleep(window)
-	tries := auditedStatusPatches(t, ns, 403) - start
+	// 10 s and 20 s in). Counted on the apiserver's clock, from the audit
+	// log: the forbidden PATCHes received in the window from 8 s to 14 s
+	// after the first, read once one has come after it (the controller
+	// sends them one at a time, so all before it are logged by then).
+	const skip, window = 8 * time.Second, 6 * time.Second
+	var first, last time.Time
+	tries := 0
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		var received []time.Time
+		for _, ev := range auditedStatusPatchEvents(t, ns) {
+			if ev.ResponseStatus.Code == 403 {
+				received = append(received, ev.RequestReceived)
+			}
+		}
+		if len(received) == 0 {
+			return false, nil
+		}
+		first, last = received[0], received[len(received)-1]
+		from, to := first.Add(skip), first.Add(skip+window)
+		if !last.After(to) {
+			return false, nil
+		}
+		tries = 0
+		for _, r := range received {
+			if !r.Before(from) && r.Before(to) {
+				tries++
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("no forbidden status write came %s after the first (%s); the last came %s after it",
+			skip+window, first.Format(time.RFC3339Nano), last.Sub(first))
+	}
 	if perDelay := int(window / maxDelay); tries < perDelay/2 || tries > perDelay+2 {
 		t.Errorf("%d forbidden status writes in %s with --max-retry-delay %s, want %d to %d",
 			tries, window, maxDelay, perDelay/2, perDelay+2)
@@ -137,13 +166,13 @@ func TestNoEventPermission(t *testing.T) {
 	// --event-level Normal: every assignment tries to post an Event.
 	p := startControllerAs(ctx, t, kc, ns, "--event-level", "Normal")
 	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "quiet", 5), 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	// klog quotes the error, so its own quotes come escaped.
-	for out := p.Output(); !strings.Contains(out, "Server rejected event") || !strings.Contains(out, `cannot create resource \"events\"`); out = p.Output() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the log does not say that posting Events is forbidden:\n%s", p.Output())
-		}
-		time.Sleep(200 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		out := p.Output()
+		// klog quotes the error, so its own quotes come escaped.
+		return strings.Contains(out, "Server rejected event") && strings.Contains(out, `cannot create resource \"events\"`), nil
+	})
+	if err != nil {
+		t.Fatalf("the log does not say that posting Events is forbidden:\n%s", p.Output())
 	}
 	mustStayRunning(t, p)
 }

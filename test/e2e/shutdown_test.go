@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // stallingProxy holds every status PATCH until the test ends: an apiserver
@@ -37,11 +40,11 @@ func stallingProxy(t *testing.T) (kubeconfig string, held *atomic.Int32) {
 // waitHeld waits until the proxy holds n status PATCHes.
 func waitHeld(t *testing.T, held *atomic.Int32, n int32) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); held.Load() < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the controller sent %d status PATCHes within 30 s, want %d", held.Load(), n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return held.Load() >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("the controller sent %d status PATCHes within 30 s, want %d", held.Load(), n)
 	}
 }
 
@@ -56,14 +59,7 @@ func TestShutdownWithStalledWrite(t *testing.T) {
 
 	bounded := startControllerAs(ctx, t, viaProxy, ns, "--shutdown-timeout", "2s")
 	waitHeld(t, held, 1)
-	if err := bounded.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	code, err := bounded.Wait(15 * time.Second)
-	if err != nil {
-		t.Fatalf("--shutdown-timeout 2s: %v", err)
-	}
-	if code != 1 || !strings.Contains(bounded.Output(), "workers still busy after 2s") {
+	if code := sigterm(t, bounded, 15*time.Second); code != 1 || !strings.Contains(bounded.Output(), "workers still busy after 2s") {
 		t.Errorf("exit code %d (want 1), and the log should say the workers were still busy:\n%s", code, bounded.Output())
 	}
 
