@@ -226,7 +226,9 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		return nil
 	}
 	if problem != "" {
-		logger.Info("Replacing an invalid status", "problem", problem)
+		// Per object, so at -v=2 like the assignment; the Warning Event
+		// tells the object's owner.
+		logger.V(2).Info("Replacing an invalid status", "problem", problem)
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
 	st := assignedStatus(c.newUUID())
@@ -234,7 +236,9 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		return err
 	}
 	c.metrics.Assigned.Inc()
-	logger.Info("Assigned UUID", "uuid", st.UUID)
+	// Per object: at -v=0 a burst of 100,000 objects would log 100,000
+	// lines; uuids_assigned_total counts them.
+	logger.V(2).Info("Assigned UUID", "uuid", st.UUID)
 	c.event(obj, corev1.EventTypeNormal, ReasonAssigned, "Assigned UUID "+st.UUID)
 	return nil
 }
@@ -309,14 +313,25 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 			"object", ref, "attempts", attempts)
 		c.markFailed(ctx, key, err)
 	default:
-		logger.Error(err, "Failed to assign UUID, will retry", "object", ref,
-			"attempt", attempts, "errorAfter", c.opts.ErrorAfter)
 		// Exactly at the ErrorAfter-th attempt, so a streak is reported
 		// once with no record of it: the count is the queue's, which Forget
 		// resets when the streak ends (success, deletion, a rejected
 		// request). A conflict counts as an attempt too; should it fall on
 		// the ErrorAfter-th, that streak goes unreported.
-		if attempts == c.opts.ErrorAfter {
+		report := attempts == c.opts.ErrorAfter
+		// Two error lines a streak, when it starts and when it is reported;
+		// the retries between are at -v=2, or an outage would log every
+		// object at every retry.
+		switch {
+		case report:
+			logger.Error(err, "Failed to assign UUID; reporting it on the object, retrying goes on", "object", ref,
+				"attempts", attempts)
+		case attempts == 1:
+			logger.Error(err, "Failed to assign UUID, will retry", "object", ref, "errorAfter", c.opts.ErrorAfter)
+		default:
+			logger.V(2).Info("Failed to assign UUID again, will retry", "object", ref, "attempt", attempts, "err", err)
+		}
+		if report {
 			c.markFailed(ctx, key, err)
 		}
 		c.queue.AddRateLimited(key)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -592,5 +594,42 @@ func TestBackoffBefore(t *testing.T) {
 		if got := backoffBefore(tc.attempt, tc.maxDelay); got != tc.want {
 			t.Errorf("backoffBefore(%d, %s) = %s, want %s", tc.attempt, tc.maxDelay, got, tc.want)
 		}
+	}
+}
+
+// At -v=0 a streak of failures logs two error lines, when it starts and
+// when it is reported on the object, and an assignment none: a burst or an
+// outage over many objects must not log every object at every retry.
+func TestLogLinesAtDefaultVerbosity(t *testing.T) {
+	obj := newUUIDObject("default", "example", "5")
+	client := newClient(t, obj)
+	preconditionReactor(t, client)
+	fault := failPatches(client, StateOk, apierrors.NewServiceUnavailable("overloaded"))
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 4}, obj)
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(0), ktesting.BufferLogs(true)))
+	f.ctx = klog.NewContext(f.ctx, logger)
+	k := key("default", "example")
+
+	f.ctrl.queue.Add(k)
+	for range 6 {
+		f.drive(1)
+		f.syncCache(k)
+	}
+	fault.set(nil)
+	f.drive(1)
+	if id := uuidInAPI(t, client, "default", "example"); id != testUUID {
+		t.Fatalf("uuid = %q, want %s", id, testUUID)
+	}
+
+	var lines []string
+	for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
+		lines = append(lines, string(e.Type)+" "+e.Message)
+	}
+	want := []string{
+		"ERROR Failed to assign UUID, will retry",
+		"ERROR Failed to assign UUID; reporting it on the object, retrying goes on",
+	}
+	if !slices.Equal(lines, want) {
+		t.Errorf("-v=0 log lines for 6 failures and an assignment:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }
