@@ -117,7 +117,9 @@ func (c *Controller) onUpdate(logger klog.Logger, old, cur any) {
 // update of a failed object leaves its status as it was, and a resync
 // changes nothing, so both are queued. It needs no record of the writes:
 // the informer delivers the write's update event with the version it was
-// written against as old, whenever the PATCH response arrives.
+// written against as old, whenever the PATCH response arrives. Someone
+// else's status write of state Error looks the same; such an object waits
+// for its backoff, or (if dropped) its next update or resync.
 func isErrorWriteEcho(old, cur any) bool {
 	o, ok := old.(*cachedUUID)
 	n, ok2 := cur.(*cachedUUID)

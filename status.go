@@ -48,7 +48,8 @@ func errorStatus(err error) Status {
 // truncateMessage cuts msg to at most n bytes on a character boundary, with
 // each invalid UTF-8 byte replaced by U+FFFD as encoding/json would: the
 // message must read back from the API exactly as written, or the
-// controller cannot tell its own Error write when it returns.
+// controller cannot see that the status already reports a failure, and
+// writes it again at each report.
 func truncateMessage(msg string, n int) string {
 	msg = string([]rune(msg))
 	if len(msg) <= n {

@@ -54,7 +54,7 @@ func mustJSON(t *testing.T, v any) []byte {
 }
 
 // The Error message must read back from the API byte for byte, or the
-// controller would not know its own write when the informer returns it.
+// controller would not see that the status already reports the failure.
 func TestTruncateMessageSurvivesJSON(t *testing.T) {
 	for _, msg := range []string{
 		strings.Repeat("x", 1023) + "ü denied", // a two-byte character across the cut
