@@ -16,7 +16,9 @@ type cachedUuid struct {
 	// ObjectMeta holds only name, namespace, UID and resourceVersion.
 	metav1.ObjectMeta
 	// Status is status.state, status.message and a valid status.uuid; an
-	// invalid uuid is left out here and described by UUIDProblem.
+	// invalid uuid is left out here and described by UUIDProblem. Its
+	// conditions are kept only for an object with state Error and no
+	// UUID (see currentConditions): the few the controller may write again.
 	Status Status
 	// UUIDProblem says why status could not be trusted (not an object, a
 	// uuid that is not a UUID); "" when it is fine or absent.
@@ -53,6 +55,8 @@ func shared(s string) string {
 func toCached(u *unstructured.Unstructured) *cachedUuid {
 	id, problem := existingUUID(u)
 	st := currentStatus(u)
+	st = Status{State: shared(st.State), Message: shared(st.Message), UUID: id}
+	st.Conditions = currentConditions(u, st)
 	return &cachedUuid{
 		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
 		ObjectMeta: metav1.ObjectMeta{
@@ -61,7 +65,7 @@ func toCached(u *unstructured.Unstructured) *cachedUuid {
 			UID:             u.GetUID(),
 			ResourceVersion: u.GetResourceVersion(),
 		},
-		Status:      Status{State: shared(st.State), Message: shared(st.Message), UUID: id},
+		Status:      st,
 		UUIDProblem: problem,
 	}
 }

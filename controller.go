@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
@@ -301,7 +302,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		logger.Info("Replacing an invalid status", "problem", problem)
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
-	st := assignedStatus(c.newUUID())
+	st := assignedStatus(c.newUUID(), obj.Status.Conditions, metav1.Now())
 	if err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
@@ -329,8 +330,8 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
-	st := errorStatus(cause)
-	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
+	st := errorStatus(cause, streak, obj.Status.Conditions, metav1.Now())
+	if sameStatus(obj.Status, st) {
 		c.reports.markReported(obj, streak, "")
 		return // already says so; writing again would only wake the informer
 	}
