@@ -25,7 +25,8 @@ const DeniedMessage = "uuid writes are denied by the test"
 // controller's failure report, go through. It is a ValidatingAdmissionPolicy
 // and its binding, named name; RejectUUIDWrites returns once the apiserver
 // enforces them (a dry-run write is denied), and returns the function that
-// removes them.
+// removes them and returns once a write is allowed again. Call it before a
+// controller watches ns: its probe object is created and deleted in ns.
 func (c *Cluster) RejectUUIDWrites(ctx context.Context, name, ns string, reason metav1.StatusReason) (remove func(context.Context) error, err error) {
 	cs, err := kubernetes.NewForConfig(c.AdminConfig())
 	if err != nil {
@@ -63,50 +64,58 @@ func (c *Cluster) RejectUUIDWrites(ctx context.Context, name, ns string, reason 
 			}},
 		},
 	}
-	remove = func(ctx context.Context) error {
+	dyn, err := dynamic.NewForConfig(c.AdminConfig())
+	if err != nil {
+		return nil, err
+	}
+	uuids := dyn.Resource(UuidGVR).Namespace(ns)
+	deny := func(ctx context.Context) error {
 		return errors.Join(
 			ignoreNotFound(api.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})),
 			ignoreNotFound(api.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})),
 		)
 	}
+	remove = func(ctx context.Context) error {
+		if err := deny(ctx); err != nil {
+			return err
+		}
+		return probe(ctx, uuids, name+"-probe", "allowed", func(err error) bool { return err == nil })
+	}
 	if _, err := api.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("cluster: create ValidatingAdmissionPolicy %s: %w", name, err)
 	}
 	if _, err := api.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		return nil, errors.Join(fmt.Errorf("cluster: create ValidatingAdmissionPolicyBinding %s: %w", name, err), remove(ctx))
+		return nil, errors.Join(fmt.Errorf("cluster: create ValidatingAdmissionPolicyBinding %s: %w", name, err), deny(ctx))
 	}
-	dyn, err := dynamic.NewForConfig(c.AdminConfig())
-	if err != nil {
-		return nil, errors.Join(err, remove(ctx))
-	}
-	if err := waitDenied(ctx, dyn.Resource(UuidGVR).Namespace(ns), name+"-probe", reason); err != nil {
-		return nil, errors.Join(fmt.Errorf("cluster: policy %s: %w", name, err), remove(ctx))
+	denied := func(err error) bool { return apierrors.ReasonForError(err) == reason }
+	if err := probe(ctx, uuids, name+"-probe", "denied with "+string(reason), denied); err != nil {
+		return nil, errors.Join(fmt.Errorf("cluster: policy %s: %w", name, err), deny(ctx))
 	}
 	return remove, nil
 }
 
-// waitDenied creates a probe object and dry-runs a uuid write on it until
-// the apiserver denies it with reason (the policy reaches the admission
-// plugin through an informer, a moment after it is created), then deletes
-// the probe.
-func waitDenied(ctx context.Context, uuids dynamic.ResourceInterface, probe string, reason metav1.StatusReason) error {
+// probe creates a probe object and dry-runs a uuid write on it until the
+// answer is what want accepts (a policy reaches the admission plugin
+// through an informer, a moment after it is created or deleted), then
+// deletes the probe.
+func probe(ctx context.Context, uuids dynamic.ResourceInterface, name, what string, want func(error) bool) error {
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": UuidGVR.GroupVersion().String(), "kind": "Uuid",
-		"metadata": map[string]any{"name": probe},
+		"metadata": map[string]any{"name": name},
 	}}
 	if _, err := uuids.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create probe %s: %w", probe, err)
+		return fmt.Errorf("create probe %s: %w", name, err)
 	}
-	defer func() { _ = uuids.Delete(context.WithoutCancel(ctx), probe, metav1.DeleteOptions{}) }()
+	defer func() { _ = uuids.Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}) }()
 	patch := []byte(`{"status":{"uuid":"00000000-0000-4000-8000-000000000000"}}`)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := uuids.Patch(ctx, probe, types.MergePatchType, patch, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
-		if apierrors.ReasonForError(err) == reason {
+		_, err := uuids.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		if want(err) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("a dry-run uuid write was still not denied with %s after 30 s (last error: %v)", reason, err)
+			return fmt.Errorf("a dry-run uuid write was not %s within 30 s (last error: %v)", what, err)
 		}
 		select {
 		case <-ctx.Done():
