@@ -18,6 +18,37 @@ import (
 // DeniedMessage is what a RejectUUIDWrites policy says when it denies a write.
 const DeniedMessage = "uuid writes are denied by the test"
 
+// UUIDDenial is one way RejectUUIDWrites fails the controller's UUID write.
+type UUIDDenial struct {
+	Name   string
+	Reason metav1.StatusReason
+	// Retried: the controller retries the write with backoff (403).
+	// Otherwise (422) it gives the object up until its next update.
+	Retried bool
+}
+
+// UUIDDenials are a failure the controller retries and one it gives up.
+var UUIDDenials = []UUIDDenial{
+	{Name: "retried", Reason: metav1.StatusReasonForbidden, Retried: true},
+	{Name: "rejected", Reason: metav1.StatusReasonInvalid},
+}
+
+// RetryAfterDenial makes the controller try ns/name again once writes are
+// allowed: backoff does it for a retried denial, an update of the object
+// (a label) for one it gave up.
+func (c *Cluster) RetryAfterDenial(ctx context.Context, d UUIDDenial, ns, name string) error {
+	if d.Retried {
+		return nil
+	}
+	dyn, err := dynamic.NewForConfig(c.AdminConfig())
+	if err != nil {
+		return err
+	}
+	_, err = dyn.Resource(UuidGVR).Namespace(ns).Patch(ctx, name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"retry":"1"}}}`), metav1.PatchOptions{})
+	return err
+}
+
 // RejectUUIDWrites makes the apiserver deny every write of status.uuid to
 // Uuid objects in namespace ns, with reason: Forbidden (403), which the
 // controller retries, or Invalid (422), which it gives up until the

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -60,27 +59,15 @@ func TestReadyCondition(t *testing.T) {
 // up), so `kubectl wait` times out on it; once the write goes through it
 // is Ready with nothing abnormal left.
 func TestConditionsOnFailure(t *testing.T) {
-	for _, tc := range []struct {
-		name           string
-		reason         metav1.StatusReason
-		abnormal       string // the condition that is True, and its reason
-		abnormalReason string
-		// retry makes the controller try again once the write is allowed.
-		retry func(ctx context.Context, t *testing.T, ns, name string)
-	}{
-		{name: "retried", reason: metav1.StatusReasonForbidden, abnormal: "Reconciling", abnormalReason: "Retrying",
-			retry: func(context.Context, *testing.T, string, string) {}}, // backoff does it
-		{name: "rejected", reason: metav1.StatusReasonInvalid, abnormal: "Stalled", abnormalReason: "Rejected",
-			retry: func(ctx context.Context, t *testing.T, ns, name string) { // an update of the object does it
-				if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"retry":"1"}}}`), metav1.PatchOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, d := range cluster.UUIDDenials {
+		abnormal, abnormalReason := "Stalled", "Rejected"
+		if d.Retried {
+			abnormal, abnormalReason = "Reconciling", "Retrying"
+		}
+		t.Run(d.Name, func(t *testing.T) {
 			ctx := testCtx(t)
 			ns := newNamespace(ctx, t)
-			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, tc.reason)
+			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, d.Reason)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,12 +77,12 @@ func TestConditionsOnFailure(t *testing.T) {
 
 			conds := waitCondition(ctx, t, ns, name, "Ready", metav1.ConditionFalse)
 			ready := meta.FindStatusCondition(conds, "Ready")
-			abnormal := meta.FindStatusCondition(conds, tc.abnormal)
-			if ready.Reason != string(tc.reason) || !strings.Contains(ready.Message, cluster.DeniedMessage) {
-				t.Errorf("Ready = %+v, want reason %s and the apiserver's message", ready, tc.reason)
+			abnormalCond := meta.FindStatusCondition(conds, abnormal)
+			if ready.Reason != string(d.Reason) || !strings.Contains(ready.Message, cluster.DeniedMessage) {
+				t.Errorf("Ready = %+v, want reason %s and the apiserver's message", ready, d.Reason)
 			}
-			if len(conds) != 2 || abnormal == nil || abnormal.Status != metav1.ConditionTrue || abnormal.Reason != tc.abnormalReason {
-				t.Errorf("conditions = %+v, want Ready=False and %s=True, reason %s", conds, tc.abnormal, tc.abnormalReason)
+			if len(conds) != 2 || abnormalCond == nil || abnormalCond.Status != metav1.ConditionTrue || abnormalCond.Reason != abnormalReason {
+				t.Errorf("conditions = %+v, want Ready=False and %s=True, reason %s", conds, abnormal, abnormalReason)
 			}
 			if state, id := status(ctx, t, ns, name); state != "Error" || id != "" {
 				t.Errorf("state %q, uuid %q; want Error and none", state, id)
@@ -105,7 +92,9 @@ func TestConditionsOnFailure(t *testing.T) {
 			if err := remove(ctx); err != nil {
 				t.Fatal(err)
 			}
-			tc.retry(ctx, t, ns, name)
+			if err := env.cluster.RetryAfterDenial(ctx, d, ns, name); err != nil {
+				t.Fatal(err)
+			}
 			// The denial ends when the apiserver's admission plugin sees
 			// the policy go, a moment after the delete.
 			if out, err := kubectlWaitReady(ns, name, 30*time.Second); err != nil {

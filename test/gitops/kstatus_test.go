@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
@@ -101,26 +100,15 @@ func TestKstatusCurrentOnceAssigned(t *testing.T) {
 // (it was given up), never Current; once the write goes through it is
 // Current.
 func TestKstatusOnFailure(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		reason metav1.StatusReason
-		want   status.Status
-		// retry makes the controller try again once the write is allowed.
-		retry func(ctx context.Context, t *testing.T, ns, name string)
-	}{
-		{name: "retried", reason: metav1.StatusReasonForbidden, want: status.InProgressStatus,
-			retry: func(context.Context, *testing.T, string, string) {}}, // backoff does it
-		{name: "rejected", reason: metav1.StatusReasonInvalid, want: status.FailedStatus,
-			retry: func(ctx context.Context, t *testing.T, ns, name string) { // an update of the object does it
-				if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"retry":"1"}}}`), metav1.PatchOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, d := range cluster.UUIDDenials {
+		want := status.FailedStatus
+		if d.Retried {
+			want = status.InProgressStatus
+		}
+		t.Run(d.Name, func(t *testing.T) {
 			ctx := testCtx(t)
 			ns := newNamespace(ctx, t)
-			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, tc.reason)
+			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, d.Reason)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,13 +118,15 @@ func TestKstatusOnFailure(t *testing.T) {
 
 			// InProgress is also what the CRD's default says before the
 			// first write; the message tells the reported failure apart.
-			res := waitStatus(ctx, t, ns, "failing", tc.want, cluster.DeniedMessage)
+			res := waitStatus(ctx, t, ns, "failing", want, cluster.DeniedMessage)
 			t.Logf("kstatus while denied: %s: %s", res.Status, res.Message)
 
 			if err := remove(ctx); err != nil {
 				t.Fatal(err)
 			}
-			tc.retry(ctx, t, ns, "failing")
+			if err := env.cluster.RetryAfterDenial(ctx, d, ns, "failing"); err != nil {
+				t.Fatal(err)
+			}
 			waitStatus(ctx, t, ns, "failing", status.CurrentStatus)
 		})
 	}
