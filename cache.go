@@ -19,7 +19,9 @@ type cachedUUID struct {
 	// ObjectMeta holds only name, namespace, UID and resourceVersion.
 	metav1.ObjectMeta
 	// Status is status.state, status.message and a valid status.uuid; an
-	// invalid uuid is left out here and described by UUIDProblem.
+	// invalid uuid is left out here and described by UUIDProblem. Its
+	// conditions are kept only for an object with state Error and no
+	// UUID (see currentConditions): the few the controller may write again.
 	Status Status
 	// UUIDProblem says why status could not be trusted (not an object, a
 	// uuid that is not a UUID); "" when it is fine or absent.
@@ -47,6 +49,8 @@ func trimForCache(obj any) (any, error) {
 func toCached(u *unstructured.Unstructured) *cachedUUID {
 	id, problem := existingUUID(u)
 	st := currentStatus(u)
+	st = Status{State: shared(st.State), Message: shared(st.Message), UUID: id}
+	st.Conditions = currentConditions(u, st)
 	return &cachedUUID{
 		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
 		ObjectMeta: metav1.ObjectMeta{
@@ -55,7 +59,7 @@ func toCached(u *unstructured.Unstructured) *cachedUUID {
 			UID:             u.GetUID(),
 			ResourceVersion: u.GetResourceVersion(),
 		},
-		Status:      Status{State: shared(st.State), Message: shared(st.Message), UUID: id},
+		Status:      st,
 		UUIDProblem: problem,
 	}
 }
@@ -91,6 +95,34 @@ func currentStatus(obj *unstructured.Unstructured) Status {
 	state, _, _ := unstructured.NestedString(obj.Object, "status", "state")
 	msg, _, _ := unstructured.NestedString(obj.Object, "status", "message")
 	return Status{State: state, Message: msg}
+}
+
+// currentConditions reads status.conditions of an object whose status the
+// controller may write again: one without a UUID whose state is Error (its
+// own earlier failure report), so that a condition that keeps its status
+// keeps its lastTransitionTime. Other objects need none of it: one with a
+// UUID is never written again, and one with no state has at most the
+// CRD's default conditions, whose fixed time is not a transition to keep.
+// Malformed entries are left out (the CRD's schema rejects them anyway);
+// the next write replaces them.
+func currentConditions(obj *unstructured.Unstructured, st Status) []metav1.Condition {
+	if st.UUID != "" || st.State != StateError {
+		return nil
+	}
+	field, _, _ := unstructured.NestedFieldNoCopy(obj.Object, "status", "conditions")
+	raw, _ := field.([]any)
+	var out []metav1.Condition
+	for _, r := range raw {
+		m, ok := r.(map[string]any)
+		if !ok {
+			continue
+		}
+		var c metav1.Condition
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &c); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Constants replace the decoded copies of these strings, which every object

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strings"
 	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
@@ -12,6 +15,8 @@ import (
 )
 
 func TestTrimForCache(t *testing.T) {
+	readyFalse := map[string]any{"type": "Ready", "status": "False", "reason": "Forbidden", "message": "boom",
+		"lastTransitionTime": "2026-12-04T12:00:00Z"}
 	tests := []struct {
 		name        string
 		status      any
@@ -23,6 +28,13 @@ func TestTrimForCache(t *testing.T) {
 			want: Status{State: StateOk, Message: MessageAssigned, UUID: testUUID}},
 		{name: "error", status: map[string]any{"state": "Error", "message": "boom"},
 			want: Status{State: StateError, Message: "boom"}},
+		// Conditions are kept for the controller's own Error report only.
+		{name: "error with conditions", status: map[string]any{"state": "Error", "message": "boom", "conditions": []any{readyFalse}},
+			want: Status{State: StateError, Message: "boom", Conditions: []metav1.Condition{{
+				Type: ConditionReady, Status: metav1.ConditionFalse, Reason: "Forbidden", Message: "boom",
+				LastTransitionTime: metav1.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)}}}},
+		{name: "assigned with conditions", status: map[string]any{"state": "Ok", "uuid": testUUID, "conditions": []any{readyFalse}},
+			want: Status{State: StateOk, UUID: testUUID}},
 		{name: "uuid not a UUID", status: map[string]any{"state": "Ok", "uuid": "NA"},
 			want: Status{State: StateOk}, wantProblem: `"NA" is not a UUID`},
 		{name: "status not an object", status: "broken", wantProblem: "not an object"},
@@ -51,7 +63,7 @@ func TestTrimForCache(t *testing.T) {
 			if len(c.Annotations) != 0 || len(c.Labels) != 0 || len(c.ManagedFields) != 0 {
 				t.Error("metadata beyond identity kept in cache")
 			}
-			if c.Status != tt.want {
+			if !equality.Semantic.DeepEqual(c.Status, tt.want) {
 				t.Errorf("status = %+v, want %+v", c.Status, tt.want)
 			}
 			if (tt.wantProblem == "") != (c.UUIDProblem == "") || !strings.Contains(c.UUIDProblem, tt.wantProblem) {

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
@@ -124,7 +125,7 @@ func isErrorWriteEcho(old, cur any) bool {
 	o, ok := old.(*cachedUUID)
 	n, ok2 := cur.(*cachedUUID)
 	return ok && ok2 && o.UID == n.UID && o.Status.UUID == "" && n.Status.UUID == "" &&
-		n.Status.State == StateError && n.Status != o.Status
+		n.Status.State == StateError && !sameStatus(o.Status, n.Status)
 }
 
 // onDelete forgets a deleted object's failures: it needs nothing else (no
@@ -233,7 +234,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		logger.V(2).Info("Replacing an invalid status", "problem", problem)
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
-	st := assignedStatus(c.newUUID())
+	st := assignedStatus(c.newUUID(), obj.Status.Conditions, metav1.Now())
 	if err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
@@ -363,8 +364,8 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
-	st := errorStatus(cause)
-	if cur := obj.Status; cur.State == st.State && cur.Message == st.Message {
+	st := errorStatus(cause, !isPermanent(cause), obj.Status.Conditions, metav1.Now())
+	if sameStatus(obj.Status, st) {
 		return // already says so; writing again would only wake the informer
 	}
 	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {

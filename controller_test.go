@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -383,6 +385,9 @@ func TestTransientErrorIsReportedAndRetried(t *testing.T) {
 			if st.UUID != "" || !strings.Contains(st.Message, "etcd is sad") || rv != "5" {
 				t.Errorf("Error status = %+v (rv %q), want the error text, no uuid, precondition 5", st, rv)
 			}
+			if !meta.IsStatusConditionFalse(st.Conditions, ConditionReady) || !meta.IsStatusConditionTrue(st.Conditions, ConditionReconciling) {
+				t.Errorf("Error status conditions = %+v, want Ready=False and Reconciling=True: it is retried", st.Conditions)
+			}
 		}
 	}
 	if len(errorWrites) != 1 {
@@ -508,8 +513,9 @@ func TestPermanentErrorIsNotRetried(t *testing.T) {
 	if f.ctrl.queue.Len() != 0 {
 		t.Error("permanent error requeued")
 	}
-	if _, st := patchStatusOf(t, f.patches()[1]); st.State != StateError {
-		t.Errorf("status = %+v, want Error", st)
+	if _, st := patchStatusOf(t, f.patches()[1]); st.State != StateError ||
+		!meta.IsStatusConditionFalse(st.Conditions, ConditionReady) || !meta.IsStatusConditionTrue(st.Conditions, ConditionStalled) {
+		t.Errorf("status = %+v, want Error with Ready=False and Stalled=True: it is given up", st)
 	}
 	if got := testutil.ToFloat64(f.metrics.Dropped); got != 1 {
 		t.Errorf("dropped = %v, want 1", got)
@@ -541,13 +547,38 @@ func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
 	}
 }
 
+// A failure the status already reports, conditions and all, is not
+// written again; an Error status without conditions (written by an older
+// version) gets them.
 func TestErrorStatusNotRewritten(t *testing.T) {
 	cause := apierrors.NewForbidden(schema.GroupResource{Group: "demo.operator", Resource: "uuid/status"}, "example", errors.New("no"))
-	obj := withStatus(newUUIDObject("default", "example", "5"), map[string]any{"state": "Error", "message": errorStatus(cause).Message})
-	f := newFixture(t, Options{}, obj)
-	f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
-	if n := len(f.patches()); n != 0 {
-		t.Errorf("%d patches, want none: status already says so", n)
+	written := errorStatus(cause, true, nil, metav1.Now())
+	var full map[string]any
+	if err := json.Unmarshal(mustJSON(t, written), &full); err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]any{"state": "Error", "message": written.Message}
+	for _, tt := range []struct {
+		name   string
+		status map[string]any
+		want   int
+	}{
+		{name: "reported", status: full, want: 0},
+		{name: "reported without conditions", status: old, want: 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, Options{}, withStatus(newUUIDObject("default", "example", "5"), tt.status))
+			f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
+			p := f.patches()
+			if len(p) != tt.want {
+				t.Fatalf("%d patches, want %d", len(p), tt.want)
+			}
+			if len(p) == 1 {
+				if _, st := patchStatusOf(t, p[0]); !sameStatus(st, written) {
+					t.Errorf("status written = %+v, want %+v", st, written)
+				}
+			}
+		})
 	}
 }
 

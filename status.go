@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -26,30 +29,113 @@ const MessageAssigned = "resource created successfully"
 // message (4096), so the Error status itself is never rejected by validation.
 const maxMessageLen = 1024
 
+// Condition types. Ready is what `kubectl wait --for=condition=Ready`
+// looks for. Reconciling and Stalled are kstatus's "abnormal-true"
+// conditions (absent means False), which Flux's health checks and
+// `kstatus.Compute` read before anything else: Reconciling=True makes an
+// object InProgress, Stalled=True makes it Failed.
+const (
+	ConditionReady       = "Ready"
+	ConditionReconciling = "Reconciling"
+	ConditionStalled     = "Stalled"
+)
+
+// Condition reasons besides ReasonAssigned (Ready=True) and the
+// apiserver's reason for a failure (Ready=False).
+const (
+	// ReasonRetrying: Reconciling=True, a failure that is being retried.
+	ReasonRetrying = "Retrying"
+	// ReasonRejected: Stalled=True, the apiserver rejected the request as
+	// malformed; it is tried again on the object's next update or resync.
+	ReasonRejected = "Rejected"
+)
+
 // Status is the controller-owned part of a Uuid object.
 type Status struct {
 	State   string `json:"state,omitempty"`
 	Message string `json:"message,omitempty"`
 	UUID    string `json:"uuid,omitempty"`
+	// Conditions are written whole with every status write (a merge patch
+	// replaces a list), so conditions of an earlier write that no longer
+	// hold, such as Reconciling after a success, are dropped: absent is
+	// False for kstatus.
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// assignedStatus is the status written when a UUID is assigned.
-func assignedStatus(id uuid.UUID) Status {
-	return Status{State: StateOk, Message: MessageAssigned, UUID: id.String()}
+// assignedStatus is the status written when a UUID is assigned: Ready=True
+// and nothing abnormal. prev are the object's current conditions and now
+// the time of a transition.
+func assignedStatus(id uuid.UUID, prev []metav1.Condition, now metav1.Time) Status {
+	return Status{State: StateOk, Message: MessageAssigned, UUID: id.String(),
+		Conditions: conditions(prev, now, metav1.Condition{
+			Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAssigned, Message: MessageAssigned,
+		})}
 }
 
-// errorStatus is the status written when assignment failed for good. It has
-// no uuid: the CRD accepts only real UUIDs there (the kopf operator wrote
+// errorStatus is the status written when assignment failed: Ready=False
+// with the apiserver's reason, and Reconciling=True while the failure is
+// retried or Stalled=True when the request was rejected for good, so that
+// kstatus reports InProgress or Failed rather than Current. It has no
+// uuid: the CRD accepts only real UUIDs there (the kopf operator wrote
 // "NA"), and an absent uuid lets a later update or resync try again.
-func errorStatus(err error) Status {
-	return Status{State: StateError, Message: truncateMessage(err.Error(), maxMessageLen)}
+func errorStatus(err error, retrying bool, prev []metav1.Condition, now metav1.Time) Status {
+	msg := truncateMessage(err.Error(), maxMessageLen)
+	abnormal := metav1.Condition{Type: ConditionStalled, Status: metav1.ConditionTrue, Reason: ReasonRejected, Message: msg}
+	if retrying {
+		abnormal = metav1.Condition{Type: ConditionReconciling, Status: metav1.ConditionTrue, Reason: ReasonRetrying, Message: msg}
+	}
+	return Status{State: StateError, Message: msg, Conditions: conditions(prev, now,
+		metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: failureReason(err), Message: msg},
+		abnormal)}
+}
+
+// conditions returns want, each with the lastTransitionTime of the
+// condition of its type in prev when that has the same status, else now:
+// a transition time only moves when the status does.
+func conditions(prev []metav1.Condition, now metav1.Time, want ...metav1.Condition) []metav1.Condition {
+	for i := range want {
+		want[i].LastTransitionTime = now
+		if p := meta.FindStatusCondition(prev, want[i].Type); p != nil && p.Status == want[i].Status {
+			want[i].LastTransitionTime = p.LastTransitionTime
+		}
+	}
+	return want
+}
+
+// reasonPattern is the CRD's (and metav1.Condition's) pattern for a
+// condition reason.
+var reasonPattern = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
+
+// failureReason is the apiserver's reason for err (Forbidden,
+// InternalError, Invalid, ...), or ReasonFailed when it gave none (a
+// timeout, a connection error) or one the CRD would not accept, which
+// would get the failure report itself rejected.
+func failureReason(err error) string {
+	if r := string(apierrors.ReasonForError(err)); r != "" && len(r) <= 1024 && reasonPattern.MatchString(r) {
+		return r
+	}
+	return ReasonFailed
+}
+
+// sameStatus tells whether cur already says what st says, transition
+// times aside, so writing st would change nothing a reader sees.
+func sameStatus(cur, st Status) bool {
+	if cur.State != st.State || cur.Message != st.Message || cur.UUID != st.UUID || len(cur.Conditions) != len(st.Conditions) {
+		return false
+	}
+	for _, c := range st.Conditions {
+		p := meta.FindStatusCondition(cur.Conditions, c.Type)
+		if p == nil || p.Status != c.Status || p.Reason != c.Reason || p.Message != c.Message {
+			return false
+		}
+	}
+	return true
 }
 
 // truncateMessage cuts msg to at most n bytes on a character boundary, with
 // each invalid UTF-8 byte replaced by U+FFFD as encoding/json would: the
 // message must read back from the API exactly as written, or the
-// controller cannot see that the status already reports a failure, and
-// writes it again at each report.
+// controller cannot tell its own Error write when it returns.
 func truncateMessage(msg string, n int) string {
 	msg = string([]rune(msg))
 	if len(msg) <= n {

@@ -13,13 +13,20 @@ import (
 // kubectl runs the kubectl from bin/ as the admin, as a user would.
 func kubectl(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(env.cluster.BinDir(), cluster.KubectlBinary),
-		append([]string{"--kubeconfig", env.cluster.AdminKubeconfig()}, args...)...)
-	out, err := cmd.CombinedOutput()
+	out, err := kubectlResult(args...)
 	if err != nil {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+// kubectlResult is kubectl for a command that may fail: its output and
+// its error (an *exec.ExitError for a non-zero exit).
+func kubectlResult(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(env.cluster.BinDir(), cluster.KubectlBinary),
+		append([]string{"--kubeconfig", env.cluster.AdminKubeconfig()}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // TestExampleGetsUUID is the README's walk-through: kubectl apply the
