@@ -35,6 +35,7 @@ test: tools
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "not gofmt-clean:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -count=1 -p 1 -timeout 60m ./...
+	$(MAKE) image-test
 
 .PHONY: build run install deploy docker-build unit
 
@@ -63,7 +64,7 @@ deploy: install
 docker-build:
 	docker build -t uuid-controller:latest .
 
-.PHONY: image pause-image
+.PHONY: image image-test pause-image
 ## image: the controller image archive bin/uuid-controller.tar, tagged $(IMG), built
 ##        without a container engine from the Dockerfile's final stage (hack/image)
 IMG ?= uuid-controller:dev
@@ -77,6 +78,11 @@ image:
 	$(IMAGE_GO_BUILD) -o $(BIN_DIR)/uuid-controller .
 	$(IMAGE_TOOL) -dockerfile $(abspath Dockerfile) -context $(CURDIR) \
 		-binary $(abspath $(BIN_DIR)/uuid-controller) -tag $(IMG) -o $(abspath $(IMAGE_TAR))
+
+## image-test: hack/image's own tests (its own module, so ./... above skips it);
+##             they run `make image` and check the archive against the Dockerfile
+image-test:
+	cd hack/image && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
 
 ## pause-image: bin/pause.tar, the node's sandbox image (hack/image/pause), tagged $(PAUSE_IMG)
 PAUSE_IMG ?= registry.local/pause:3.10

@@ -56,10 +56,12 @@ func run(dockerfile, contextDir, binary, tag, out string) error {
 	if err := writeImage(out, tag, img); err != nil {
 		return err
 	}
-	digest, err := img.Digest()
+	// The config digest is the image ID that `ctr images ls` and
+	// `docker images` show after loading; the manifest is rebuilt on import.
+	id, err := img.ConfigName()
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s: %s %s (%s/%s)\n", out, tag, digest, p.OS, p.Arch)
+	fmt.Printf("%s: %s, image ID %s (%s/%s)\n", out, tag, id, p.OS, p.Arch)
 	return nil
 }
