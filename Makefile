@@ -56,13 +56,27 @@ run:
 install:
 	kubectl apply -f crd.yaml
 
-## deploy: CRD, namespace, RBAC and the Deployment
-deploy: install
-	kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml -f deploy/deployment.yaml -f deploy/pdb.yaml
+KUBECTL ?= kubectl
+.PHONY: manifests build-installer
 
-## docker-build: the image (needs a container engine)
+## manifests: refresh deploy/crd.yaml, the kustomization's copy of crd.yaml
+manifests:
+	cp crd.yaml deploy/crd.yaml
+
+## deploy: kubectl apply -k deploy/ (CRD, namespace, RBAC, Deployment, PDB) with the image $(IMG)
+deploy: manifests
+	hack/kustomize-overlay.sh .local/deploy $(IMG)
+	$(KUBECTL) apply -k .local/deploy
+
+## build-installer: dist/install.yaml, the same objects in one file for a release, image $(IMG)
+build-installer: manifests $(BIN_DIR)/kubectl
+	hack/kustomize-overlay.sh .local/installer $(IMG)
+	@mkdir -p dist
+	$(BIN_DIR)/kubectl kustomize .local/installer > dist/install.yaml
+
+## docker-build: the image with docker; `make image` builds the same without one
 docker-build:
-	docker build -t uuid-controller:latest .
+	docker build -t $(IMG) .
 
 .PHONY: image image-test pause-image
 ## image: the controller image archive bin/uuid-controller.tar, tagged $(IMG), built
