@@ -68,6 +68,9 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 	if len(stages) == 0 {
 		return nil, fmt.Errorf("Dockerfile: no FROM")
 	}
+	if err := checkPinned(stages); err != nil {
+		return nil, err
+	}
 	final := stages[len(stages)-1]
 	if final.BaseName != "scratch" {
 		return nil, fmt.Errorf("Dockerfile: final stage is FROM %s; only FROM scratch can be reproduced without a container engine", final.BaseName)
@@ -129,6 +132,20 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 		return nil, fmt.Errorf("Dockerfile: the final stage has no USER, so the image would run as root")
 	}
 	return s, nil
+}
+
+// checkPinned refuses a base image named by tag alone: a tag moves, so the
+// same Dockerfile would build something else next month (cert-manager pins
+// its bases by digest for the same reason).
+func checkPinned(stages []instructions.Stage) error {
+	earlier := map[string]bool{}
+	for _, st := range stages {
+		if st.BaseName != "scratch" && !earlier[st.BaseName] && !strings.Contains(st.BaseName, "@sha256:") {
+			return fmt.Errorf("Dockerfile line %d: FROM %s is not pinned by digest (name:tag@sha256:...)", st.Location[0].Start.Line, st.BaseName)
+		}
+		earlier[st.Name] = true
+	}
+	return nil
 }
 
 // findGoBuild finds the RUN in the named build stage whose `go build -o`

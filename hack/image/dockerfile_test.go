@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const buildStage = `FROM golang:1.26 AS build
+const buildStage = `FROM golang:1.26@sha256:0000000000000000000000000000000000000000000000000000000000000000 AS build
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o /app .
 `
 
@@ -44,7 +44,7 @@ func TestParseDockerfileRefuses(t *testing.T) {
 	tests := []struct {
 		name, dockerfile, want string
 	}{
-		{"distroless base", buildStage + strings.Replace(final, "scratch", "gcr.io/distroless/static:nonroot", 1), "only FROM scratch"},
+		{"distroless base", buildStage + strings.Replace(final, "scratch", "gcr.io/distroless/static:nonroot@sha256:1111111111111111111111111111111111111111111111111111111111111111", 1), "only FROM scratch"},
 		{"platform", buildStage + strings.Replace(final, "FROM scratch", "FROM --platform=linux/arm64 scratch", 1), "--platform"},
 		{"RUN in the final stage", buildStage + final + "RUN true\n", `"RUN" in the final stage`},
 		{"ENV in the final stage", buildStage + final + "ENV A=b\n", `"ENV" in the final stage`},
@@ -56,7 +56,9 @@ func TestParseDockerfileRefuses(t *testing.T) {
 		{"COPY --chown", buildStage + final + "COPY --chown=1:1 a /a\n", "--chown"},
 		{"relative COPY destination", buildStage + final + "COPY a a\n", "must be absolute"},
 		{"unknown stage", strings.Replace(buildStage, "AS build", "AS builder", 1) + final, "names no earlier stage"},
-		{"no go build", "FROM golang:1.26 AS build\nRUN true\n" + final, "no RUN go build -o /app"},
+		{"no go build", strings.SplitAfter(buildStage, "\n")[0] + "RUN true\n" + final, "no RUN go build -o /app"},
+		{"go build in a pipeline", strings.Replace(buildStage, "RUN CGO_ENABLED", "RUN echo CGO_ENABLED", 1) + final, "with nothing chained"},
+		{"base not pinned", strings.Replace(buildStage, "@sha256:", ":x@", 1) + final, "not pinned by digest"},
 		{"cgo", strings.Replace(buildStage, "CGO_ENABLED=0", "CGO_ENABLED=1", 1) + final, "CGO_ENABLED=0 is required"},
 		{"unknown build flag", strings.Replace(buildStage, "-trimpath", "-a", 1) + final, "flag -a is not supported"},
 		{"chained command", strings.Replace(buildStage, " .\n", " . && strip /app\n", 1) + final, "one package expected"},
