@@ -4,8 +4,8 @@
 # disagree, so keep the final stage to COPY, USER, EXPOSE and ENTRYPOINT.
 #
 # Base images are pinned by digest, as cert-manager does. The golang digest is
-# the one public Dockerfiles pin for golang:1.26.8-bookworm (linux/amd64 and
-# arm64 index); it could not be pulled from here to check it.
+# the one public Dockerfiles pin for golang:1.26.8-bookworm; no registry is
+# reachable from here to check it.
 FROM golang:1.26.8-bookworm@sha256:a688600ca24f8a4d3ca77f95b0dd40704a9fc787c826660eb7ba0b641b8b175d AS build
 WORKDIR /src
 COPY go.mod go.sum ./
