@@ -107,10 +107,10 @@ func TestMetricsHandlerServesControllerAndQueueMetrics(t *testing.T) {
 
 func TestServeRejectsBadAddress(t *testing.T) {
 	f := newFixture(t, Options{})
-	if _, err := serve(f.ctx, "health", "not-an-address", http.NewServeMux()); err == nil {
+	if _, err := serve(f.ctx, "health", "not-an-address", nil, http.NewServeMux()); err == nil {
 		t.Error("a bad listen address was accepted")
 	}
-	wait, err := serve(f.ctx, "health", "0", http.NewServeMux())
+	wait, err := serve(f.ctx, "health", "0", nil, http.NewServeMux())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -83,14 +84,20 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, healthHandler(informer.Informer().HasSynced))
+	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(informer.Informer().HasSynced))
 	if err != nil {
 		return err
 	}
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	defer func() { cancel(); waitHealth() }()
-	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsHandler(metrics.Registry, queueRegistry))
+	metricsPage, metricsTLS := metricsHandler(metrics.Registry, queueRegistry), (*tls.Config)(nil)
+	if serverEnabled(cfg.metricsAddr) {
+		if metricsPage, metricsTLS, err = secureMetrics(ctx, cfg.secureMetrics, kube, metrics, metricsPage); err != nil {
+			return err
+		}
+	}
+	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsTLS, metricsPage)
 	if err != nil {
 		return err
 	}
