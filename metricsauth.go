@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -9,12 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/token/cache"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
-	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
@@ -37,18 +36,16 @@ func (c secureMetricsConfig) validate() []error {
 	return errs
 }
 
-// The delegation's timings are kube-controller-manager's defaults
-// (k8s.io/apiserver/pkg/server/options): answers are cached for 10 s, so a
-// scraper every 15-30 s costs one TokenReview and one SubjectAccessReview
-// per scrape at most, and a revoked grant takes effect within 10 s.
+// Answers are cached for 10 s, kube-controller-manager's default for its
+// delegated authentication and authorization: a scraper every 15-30 s costs
+// one TokenReview and one SubjectAccessReview per scrape at most, and a
+// revoked grant or token takes effect within 10 s. Failed reviews are not
+// cached: the next scrape asks again.
 const (
-	reviewCacheTTL = 10 * time.Second
-	reviewTimeout  = 10 * time.Second
+	reviewCacheTTL  = 10 * time.Second
+	reviewCacheSize = 1024
+	reviewTimeout   = 10 * time.Second
 )
-
-// reviewRetry is how a failed review is retried before the scrape gets its
-// 503: about 4 s in all, within Prometheus' default 10 s scrape timeout.
-var reviewRetry = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
 
 // secureMetrics returns h behind delegated authentication and
 // authorization and the TLS config serving it, or h and nil when
@@ -62,47 +59,40 @@ func secureMetrics(ctx context.Context, c secureMetricsConfig, kube kubernetes.I
 	if err != nil {
 		return nil, nil, err
 	}
-	auth, err := newDelegatedAuth(kube, m)
-	if err != nil {
-		return nil, nil, err
-	}
 	cert.run(ctx)
-	return auth.wrap(h), cert.tlsConfig(), nil
+	return newDelegatedAuth(kube, m).wrap(h), cert.tlsConfig(), nil
 }
 
 // delegatedAuth asks the apiserver who a bearer token belongs to
 // (TokenReview) and whether that user may get the request's path
-// (SubjectAccessReview), as kube-controller-manager and kube-scheduler do
-// for their /metrics, with k8s.io/apiserver's cached webhook clients.
+// (SubjectAccessReview: verb get on the non-resource URL /metrics), as
+// kube-controller-manager and kube-scheduler do for their /metrics. It
+// calls client-go's typed clients, already in the binary, rather than
+// k8s.io/apiserver's webhook authenticator and authorizer, which would
+// double the binary (README: Metrics).
 type delegatedAuth struct {
-	tokens  authenticator.Token
-	access  authorizer.Authorizer
+	tokens  tokenReviewer
+	access  accessReviewer
+	answers *cache.LRUExpireCache
 	metrics *Metrics
 }
 
-func newDelegatedAuth(kube kubernetes.Interface, m *Metrics) (*delegatedAuth, error) {
-	noop := webhooktoken.AuthenticatorMetrics{
-		RecordRequestTotal:   func(context.Context, string) {},
-		RecordRequestLatency: func(context.Context, string, float64) {},
+type (
+	tokenReviewer interface {
+		Create(context.Context, *authenticationv1.TokenReview, metav1.CreateOptions) (*authenticationv1.TokenReview, error)
 	}
-	// The token webhook is used without authenticatorfactory's union of
-	// authenticators, which reports an unknown token and an unreachable
-	// apiserver alike as an error: here the first is a 401, the second a 503.
-	review, err := webhooktoken.NewFromInterface(kube.AuthenticationV1(), nil, reviewRetry, reviewTimeout, noop)
-	if err != nil {
-		return nil, fmt.Errorf("building the TokenReview client: %w", err)
+	accessReviewer interface {
+		Create(context.Context, *authorizationv1.SubjectAccessReview, metav1.CreateOptions) (*authorizationv1.SubjectAccessReview, error)
 	}
-	access, err := authorizerfactory.DelegatingAuthorizerConfig{
-		SubjectAccessReviewClient: kube.AuthorizationV1(),
-		AllowCacheTTL:             reviewCacheTTL,
-		DenyCacheTTL:              reviewCacheTTL,
-		WebhookRetryBackoff:       &reviewRetry,
-	}.New()
-	if err != nil {
-		return nil, fmt.Errorf("building the SubjectAccessReview client: %w", err)
+)
+
+func newDelegatedAuth(kube kubernetes.Interface, m *Metrics) *delegatedAuth {
+	return &delegatedAuth{
+		tokens:  kube.AuthenticationV1().TokenReviews(),
+		access:  kube.AuthorizationV1().SubjectAccessReviews(),
+		answers: cache.NewLRUExpireCache(reviewCacheSize),
+		metrics: m,
 	}
-	// Failed reviews are not cached: the next scrape asks again.
-	return &delegatedAuth{tokens: cache.New(review, false, reviewCacheTTL, reviewCacheTTL), access: access, metrics: m}, nil
 }
 
 // wrap serves h only to callers whose bearer token the apiserver accepts
@@ -111,46 +101,81 @@ func newDelegatedAuth(kube kubernetes.Interface, m *Metrics) (*delegatedAuth, er
 // opens the metrics.
 func (a *delegatedAuth) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		code, msg := a.check(r)
-		a.metrics.MetricsRequests.WithLabelValues(authResult(code)).Inc()
-		if code != http.StatusOK {
-			http.Error(w, msg, code)
+		ans := a.check(r)
+		a.metrics.MetricsRequests.WithLabelValues(ans.result()).Inc()
+		if ans.code != http.StatusOK {
+			http.Error(w, ans.message, ans.code)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
 
-// check returns 200 when the request may be served, else the status code
-// and message to answer with.
-func (a *delegatedAuth) check(r *http.Request) (int, string) {
-	ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
-	defer cancel()
-	logger := klog.FromContext(ctx).WithValues("path", r.URL.Path, "remote", r.RemoteAddr)
+// answer is the outcome of a request's reviews: 200, or the status code
+// and message to refuse it with.
+type answer struct {
+	code    int
+	message string
+}
+
+// answerKey caches an answer by a hash of the token (the token itself
+// stays out of memory dumps) with the verb and path it was asked for.
+type answerKey struct {
+	token      [sha256.Size]byte
+	verb, path string
+}
+
+func (a *delegatedAuth) check(r *http.Request) answer {
 	token, ok := bearerToken(r)
 	if !ok {
-		return http.StatusUnauthorized, "Unauthorized: a bearer token is required"
+		return answer{http.StatusUnauthorized, "Unauthorized: a bearer token is required"}
 	}
-	resp, ok, err := a.tokens.AuthenticateToken(ctx, token)
+	key := answerKey{sha256.Sum256([]byte(token)), strings.ToLower(r.Method), r.URL.Path}
+	if v, ok := a.answers.Get(key); ok {
+		return v.(answer)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), reviewTimeout)
+	defer cancel()
+	logger := klog.FromContext(ctx).WithValues("path", key.path, "remote", r.RemoteAddr)
+	ans, err := a.review(ctx, token, key.verb, key.path)
 	if err != nil {
-		logger.Error(err, "TokenReview failed; refusing the metrics request")
-		return http.StatusServiceUnavailable, "Service Unavailable: the API server could not review the token"
+		logger.Error(err, "Refusing a metrics request: the API server could not review it")
+		return answer{http.StatusServiceUnavailable, "Service Unavailable: the API server could not review the request"}
 	}
-	if !ok {
-		return http.StatusUnauthorized, "Unauthorized: the API server does not accept the token"
+	if ans.code != http.StatusOK {
+		logger.V(2).Info("Refusing a metrics request", "code", ans.code, "reason", ans.message)
 	}
-	user := resp.User
-	attrs := authorizer.AttributesRecord{User: user, Verb: strings.ToLower(r.Method), Path: r.URL.Path}
-	decision, reason, err := a.access.Authorize(ctx, attrs)
+	a.answers.Add(key, ans, reviewCacheTTL)
+	return ans
+}
+
+// review asks the apiserver about token, then about its user's access. An
+// error means no answer (the apiserver or the controller's own permission
+// to ask is missing), never a refusal.
+func (a *delegatedAuth) review(ctx context.Context, token, verb, path string) (answer, error) {
+	tr, err := a.tokens.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
-		logger.Error(err, "SubjectAccessReview failed; refusing the metrics request", "user", user.GetName())
-		return http.StatusServiceUnavailable, "Service Unavailable: the API server could not review the access"
+		return answer{}, fmt.Errorf("TokenReview: %w", err)
 	}
-	if decision != authorizer.DecisionAllow {
-		logger.V(2).Info("Metrics request forbidden", "user", user.GetName(), "reason", reason)
-		return http.StatusForbidden, fmt.Sprintf("Forbidden: user %q may not %s %s", user.GetName(), attrs.Verb, attrs.Path)
+	if !tr.Status.Authenticated {
+		return answer{http.StatusUnauthorized, "Unauthorized: the API server does not accept the token"}, nil
 	}
-	return http.StatusOK, ""
+	u := tr.Status.User
+	extra := make(map[string]authorizationv1.ExtraValue, len(u.Extra))
+	for k, v := range u.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar, err := a.access.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
+		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Verb: verb, Path: path},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		return answer{}, fmt.Errorf("SubjectAccessReview for user %q: %w", u.Username, err)
+	}
+	if !sar.Status.Allowed {
+		return answer{http.StatusForbidden, fmt.Sprintf("Forbidden: user %q may not %s %s", u.Username, verb, path)}, nil
+	}
+	return answer{http.StatusOK, ""}, nil
 }
 
 // bearerToken is the token of an "Authorization: Bearer" header.
@@ -163,9 +188,9 @@ func bearerToken(r *http.Request) (string, bool) {
 	return token, true
 }
 
-// authResult is the metrics_requests_total label for a response code.
-func authResult(code int) string {
-	switch code {
+// result is the metrics_requests_total label for an answer.
+func (a answer) result() string {
+	switch a.code {
 	case http.StatusOK:
 		return "ok"
 	case http.StatusUnauthorized:
