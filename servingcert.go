@@ -67,7 +67,7 @@ func loadServingCert(certFile, keyFile string) (*servingCert, error) {
 // (Prometheus needs insecure_skip_verify); the bearer token still decides
 // who reads the metrics. The key is ECDSA P-256: client-go's
 // certutil.GenerateSelfSignedCertKey makes two RSA-2048 keys, which delayed
-// readiness by 0.2-2 s (median 0.45 s) on a busy 2-core machine.
+// readiness by 0.2-2 s (median 0.46 s) on a busy 2-core machine.
 func selfSignedCert() (dynamiccertificates.CertKeyContentProvider, error) {
 	host, err := os.Hostname()
 	if err != nil || host == "" {

@@ -50,30 +50,11 @@ func metricsTokens(ctx context.Context, t *testing.T, ns string) (reader, strang
 	return reader, stranger
 }
 
-// startSecureController runs the controller as its ServiceAccount with
-// /metrics as deployed (HTTPS, delegated reviews); the process's Metrics
-// reads it with auth.
+// startSecureController runs the controller with /metrics as deployed
+// (HTTPS, delegated reviews); the process's Metrics reads it with auth.
 func startSecureController(ctx context.Context, t *testing.T, kubeconfig, ns string, auth cluster.MetricsAuth, args ...string) *cluster.ControllerProcess {
 	t.Helper()
-	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
-		Binary:      env.binary,
-		Kubeconfig:  kubeconfig,
-		Args:        append([]string{"--namespace", ns, "-v", "2"}, args...),
-		MetricsAuth: &auth,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
-		}
-	})
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return startControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, MetricsAuth: &auth}, ns, args...)
 }
 
 // getMetrics sends one GET to url with token ("" for none) on a new
