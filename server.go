@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
@@ -58,14 +60,23 @@ func serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	logger := klog.FromContext(ctx)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "server", name)
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second, // also bounds the TLS handshake
+		// Handlers log with ctx's logger; a request is not cancelled by
+		// shutdown, which waits for it instead.
+		BaseContext: func(net.Listener) context.Context { return klog.NewContext(context.WithoutCancel(ctx), logger) },
+		// net/http's own errors (a failed TLS handshake, say) go to the
+		// same structured log, not to the standard logger.
+		ErrorLog: slog.NewLogLogger(logr.ToSlogHandler(logger), slog.LevelWarn),
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		logger.Info("Serving", "server", name, "addr", ln.Addr().String(), "tls", tlsConfig != nil)
+		logger.Info("Serving", "addr", ln.Addr().String(), "tls", tlsConfig != nil)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Server stopped", "server", name)
+			logger.Error(err, "Server stopped")
 		}
 	}()
 	go func() {
