@@ -138,8 +138,9 @@ func TestMetricsAuth(t *testing.T) {
 
 // TestMetricsCertFromFiles: with --metrics-cert-file/--metrics-key-file the
 // controller serves that certificate (a client verifies it against its CA,
-// and one trusting another CA refuses it), and when the files are replaced
-// on disk, new connections get the new certificate without a restart.
+// and one trusting another CA refuses it); a broken file written over it is
+// logged and the old certificate stays; when new files replace it on disk,
+// new connections get the new certificate without a restart.
 func TestMetricsCertFromFiles(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
@@ -162,6 +163,18 @@ func TestMetricsCertFromFiles(t *testing.T) {
 	}
 	if _, _, err := tryGetMetrics(ctx, p.MetricsURL(), reader, caOther); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("a client trusting another CA: err = %v, want a certificate error", err)
+	}
+
+	// A broken certificate on disk is read, refused and logged, and the
+	// last good one stays in use.
+	if err := os.WriteFile(certFile, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !reaches(true, func() bool { return strings.Contains(p.Output(), "failed to find any PEM data") }) {
+		t.Fatal("the controller did not log the broken certificate file")
+	}
+	if _, _, err := tryGetMetrics(ctx, p.MetricsURL(), reader, caOld); err != nil {
+		t.Fatalf("with a broken certificate file on disk, the last good one is no longer served: %v", err)
 	}
 
 	// Rotate as a Secret volume update does: new files moved into place.
