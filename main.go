@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -91,11 +90,9 @@ func run(ctx context.Context, cfg *config) error {
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	defer func() { cancel(); waitHealth() }()
-	metricsPage, metricsTLS := metricsHandler(metrics.Registry, queueRegistry), (*tls.Config)(nil)
-	if serverEnabled(cfg.metricsAddr) {
-		if metricsPage, metricsTLS, err = secureMetrics(ctx, cfg.secureMetrics, kube, metrics, metricsPage); err != nil {
-			return err
-		}
+	metricsPage, metricsTLS, err := secureMetrics(ctx, cfg.metricsAddr, cfg.secureMetrics, kube, metrics, metricsHandler(metrics.Registry, queueRegistry))
+	if err != nil {
+		return err
 	}
 	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsTLS, metricsPage)
 	if err != nil {

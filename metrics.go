@@ -68,6 +68,9 @@ func NewMetrics() *Metrics {
 	for _, result := range []string{"ok", "conflict", "not_found", "error"} {
 		m.StatusWrites.WithLabelValues(result)
 	}
+	for _, result := range []string{"ok", "unauthenticated", "forbidden", "review_failed"} {
+		m.MetricsRequests.WithLabelValues(result)
+	}
 	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -49,8 +49,11 @@ const (
 
 // secureMetrics returns h behind delegated authentication and
 // authorization and the TLS config serving it, or h and nil when
-// --metrics-secure=false.
-func secureMetrics(ctx context.Context, c secureMetricsConfig, kube kubernetes.Interface, m *Metrics, h http.Handler) (http.Handler, *tls.Config, error) {
+// --metrics-secure=false or the metrics server at addr is off.
+func secureMetrics(ctx context.Context, addr string, c secureMetricsConfig, kube kubernetes.Interface, m *Metrics, h http.Handler) (http.Handler, *tls.Config, error) {
+	if !serverEnabled(addr) {
+		return h, nil, nil
+	}
 	if !c.secure {
 		klog.FromContext(ctx).Info("Serving /metrics over plain HTTP without authentication (--metrics-secure=false)")
 		return h, nil, nil
