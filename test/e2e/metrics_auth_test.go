@@ -118,14 +118,21 @@ func TestMetricsAuth(t *testing.T) {
 	mustRefuse(ctx, t, p, "", http.StatusUnauthorized, "no token")
 	mustRefuse(ctx, t, p, "not-a-token", http.StatusUnauthorized, "a token the apiserver does not know")
 	mustRefuse(ctx, t, p, stranger, http.StatusForbidden, "a ServiceAccount without the reader binding")
+	// The controller's own grants make the reviews and nothing more: its
+	// ServiceAccount may not read the metrics either.
+	own, err := env.cluster.ServiceAccountToken(ctx, cluster.ControllerNamespace, cluster.ControllerServiceAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(ctx, t, p, own, http.StatusForbidden, "the controller's own ServiceAccount")
 	if got := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 1); got != 1 {
 		t.Errorf("uuid_controller_uuids_assigned_total = %v read with the reader's token, want 1", got)
 	}
 	refused := func(result string) float64 {
 		return controllerMetric(ctx, t, p, "uuid_controller_metrics_requests_total", func(l map[string]string) bool { return l["result"] == result })
 	}
-	if u, f := refused("unauthenticated"), refused("forbidden"); u != 2 || f != 1 {
-		t.Errorf("metrics_requests_total unauthenticated %v, forbidden %v; want 2 and 1", u, f)
+	if u, f := refused("unauthenticated"), refused("forbidden"); u != 2 || f != 2 {
+		t.Errorf("metrics_requests_total unauthenticated %v, forbidden %v; want 2 and 2", u, f)
 	}
 
 	// Plain HTTP to the metrics port gets no metrics; /healthz and /readyz
