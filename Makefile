@@ -50,9 +50,9 @@ unit:
 	go vet ./...
 	go test -count=1 .
 
-## run: the controller against $KUBECONFIG or ~/.kube/config
+## run: the controller against $KUBECONFIG or ~/.kube/config (/metrics on plain HTTP, for curl)
 run:
-	go run . --health-addr=127.0.0.1:8080 --metrics-addr=127.0.0.1:9090
+	go run . --health-addr=127.0.0.1:8080 --metrics-addr=127.0.0.1:9090 --metrics-secure=false
 
 ## install: the CRD into the current cluster
 install:

@@ -24,6 +24,7 @@ type config struct {
 	burst              int
 	healthAddr         string
 	metricsAddr        string
+	secureMetrics      secureMetricsConfig
 	eventLevel         string
 	leaderElect        bool
 	leader             LeaderElection
@@ -52,6 +53,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.IntVar(&c.burst, "kube-api-burst", 1000, "Burst of requests to the API server above --kube-api-qps.")
 	fs.StringVar(&c.healthAddr, "health-addr", ":8080", "Address serving /healthz and /readyz. Empty or 0 disables.")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", ":9090", "Address serving Prometheus /metrics. Empty or 0 disables.")
+	fs.BoolVar(&c.secureMetrics.secure, "metrics-secure", true, "Serve /metrics over HTTPS, only to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on /metrics). false serves plain HTTP to anyone, for local development.")
+	fs.StringVar(&c.secureMetrics.certFile, "metrics-cert-file", "", "PEM certificate (chain) for /metrics, re-read when it changes on disk. Default: a self-signed one made in memory at start.")
+	fs.StringVar(&c.secureMetrics.keyFile, "metrics-key-file", "", "PEM private key of --metrics-cert-file.")
 	fs.StringVar(&c.eventLevel, "event-level", "Warning", "Lowest Kubernetes Event type posted on objects: Normal (every assignment) or Warning (failures only).")
 	fs.DurationVar(&c.opts.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "How long in-flight reconciles may run after SIGTERM before the process exits anyway.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader with a coordination.k8s.io Lease, so several replicas can run with one active.")
@@ -97,6 +101,7 @@ func (c *config) validate() error {
 	if math.IsNaN(c.qps) || math.IsInf(c.qps, 0) || c.qps <= 0 || c.burst < 1 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %v and %d", c.qps, c.burst))
 	}
+	errs = append(errs, c.secureMetrics.validate()...)
 	// A bad name would otherwise surface only as a failing list in the log,
 	// with the controller never becoming ready.
 	errs = append(errs, checkName("--namespace", c.namespace, validation.IsDNS1123Label)...)

@@ -22,7 +22,7 @@ func TestFlagDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" {
+	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" || !c.secureMetrics.secure {
 		t.Errorf("defaults = %+v", c)
 	}
 	if c, err := parse("--namespace=team-a", "--leader-elect", "--leader-elect-name=uuid.controller"); err != nil || c.namespace != "team-a" {
@@ -55,6 +55,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--namespace=Bad_NS"}, `--namespace "Bad_NS" is not a valid name`},
 		{[]string{"--leader-elect", "--leader-elect-name=a/b"}, `--leader-elect-name "a/b" is not a valid name`},
 		{[]string{"--leader-elect", "--leader-elect-namespace=kube.system"}, `--leader-elect-namespace "kube.system" is not a valid name`},
+		{[]string{"--metrics-cert-file=tls.crt"}, "--metrics-cert-file and --metrics-key-file must be given together"},
+		{[]string{"--metrics-key-file=tls.key"}, "--metrics-cert-file and --metrics-key-file must be given together"},
+		{[]string{"--metrics-secure=false", "--metrics-cert-file=tls.crt", "--metrics-key-file=tls.key"}, "need --metrics-secure"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
 	}
@@ -107,10 +110,10 @@ func TestMetricsHandlerServesControllerAndQueueMetrics(t *testing.T) {
 
 func TestServeRejectsBadAddress(t *testing.T) {
 	f := newFixture(t, Options{})
-	if _, err := serve(f.ctx, "health", "not-an-address", http.NewServeMux()); err == nil {
+	if _, err := serve(f.ctx, "health", "not-an-address", nil, http.NewServeMux()); err == nil {
 		t.Error("a bad listen address was accepted")
 	}
-	wait, err := serve(f.ctx, "health", "0", http.NewServeMux())
+	wait, err := serve(f.ctx, "health", "0", nil, http.NewServeMux())
 	if err != nil {
 		t.Fatal(err)
 	}

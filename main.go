@@ -78,14 +78,18 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, healthHandler(informer.Informer().HasSynced))
+	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(informer.Informer().HasSynced))
 	if err != nil {
 		return err
 	}
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	defer func() { cancel(); waitHealth() }()
-	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsHandler(metrics.Registry, queueRegistry))
+	metricsPage, metricsTLS, err := secureMetrics(ctx, cfg.metricsAddr, cfg.secureMetrics, kube, metrics, metricsHandler(metrics.Registry, queueRegistry))
+	if err != nil {
+		return err
+	}
+	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsTLS, metricsPage)
 	if err != nil {
 		return err
 	}

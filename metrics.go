@@ -28,6 +28,10 @@ type Metrics struct {
 	// Leader is 1 while this process holds the lease (or runs without
 	// leader election).
 	Leader prometheus.Gauge
+	// MetricsRequests counts requests to the secure /metrics, by result
+	// (ok, unauthenticated, forbidden, review_failed), so scrapes refused
+	// for an apiserver outage show once a scrape gets through again.
+	MetricsRequests *prometheus.CounterVec
 }
 
 // NewMetrics builds the controller metrics plus Go and process collectors.
@@ -54,13 +58,20 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Name: "leader",
 			Help: "1 while this process is the active controller.",
 		}),
+		MetricsRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "metrics_requests_total",
+			Help: "Requests to the secure /metrics, by result of their authentication and authorization.",
+		}, []string{"result"}),
 	}
 	// Known results are exported as 0 from the start, so a rate over them
 	// works before the first write and a missing series means a rename.
 	for _, result := range []string{"ok", "conflict", "not_found", "error"} {
 		m.StatusWrites.WithLabelValues(result)
 	}
-	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader,
+	for _, result := range []string{"ok", "unauthenticated", "forbidden", "review_failed"} {
+		m.MetricsRequests.WithLabelValues(result)
+	}
+	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

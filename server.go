@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
@@ -42,25 +45,38 @@ func metricsHandler(registries ...*prometheus.Registry) http.Handler {
 	return mux
 }
 
-// serve listens on addr ("" or "0" turns the server off) and serves h until
-// ctx is cancelled. Listening happens before serve returns, so a port that is
-// taken is a start-up error, not a log line later.
-func serve(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
-	if addr == "" || addr == "0" {
+// serve listens on addr ("" or "0" turns the server off) and serves h, over
+// TLS when tlsConfig is not nil, until ctx is cancelled. Listening happens
+// before serve returns, so a port that is taken is a start-up error, not a
+// log line later.
+func serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http.Handler) (wait func(), err error) {
+	if !serverEnabled(addr) {
 		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listening for %s on %q: %w", name, addr, err)
 	}
-	logger := klog.FromContext(ctx)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "server", name)
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second, // also bounds the TLS handshake
+		// Handlers log with ctx's logger; a request is not cancelled by
+		// shutdown, which waits for it instead.
+		BaseContext: func(net.Listener) context.Context { return klog.NewContext(context.WithoutCancel(ctx), logger) },
+		// net/http's own errors (a failed TLS handshake, say) go to the
+		// same structured log, not to the standard logger.
+		ErrorLog: slog.NewLogLogger(logr.ToSlogHandler(logger), slog.LevelWarn),
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		logger.Info("Serving", "server", name, "addr", ln.Addr().String())
+		logger.Info("Serving", "addr", ln.Addr().String(), "tls", tlsConfig != nil)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Server stopped", "server", name)
+			logger.Error(err, "Server stopped")
 		}
 	}()
 	go func() {
@@ -71,3 +87,6 @@ func serve(ctx context.Context, name, addr string, h http.Handler) (wait func(),
 	}()
 	return func() { <-done }, nil
 }
+
+// serverEnabled is false for the addresses that turn a server off.
+func serverEnabled(addr string) bool { return addr != "" && addr != "0" }

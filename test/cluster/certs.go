@@ -16,9 +16,11 @@ import (
 	"time"
 )
 
-// writeServingCert writes a throwaway CA and a serving certificate for
+// WriteServingCert writes a throwaway CA and a serving certificate for
 // 127.0.0.1/localhost signed by it. It returns the CA certificate in PEM.
-func writeServingCert(certFile, keyFile string) (caPEM []byte, err error) {
+// Each call makes a new CA, so a client trusting one call's CA rejects
+// another call's certificate.
+func WriteServingCert(certFile, keyFile string) (caPEM []byte, err error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -239,7 +239,7 @@ func (c *Cluster) prepare() error {
 	servingCert := filepath.Join(certs, "apiserver.crt")
 	servingKey := filepath.Join(certs, "apiserver.key")
 	var err error
-	if c.caPEM, err = writeServingCert(servingCert, servingKey); err != nil {
+	if c.caPEM, err = WriteServingCert(servingCert, servingKey); err != nil {
 		return fmt.Errorf("cluster: serving certificate: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(certs, "ca.crt"), c.caPEM, 0o600); err != nil {

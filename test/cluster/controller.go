@@ -3,6 +3,8 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -60,23 +62,40 @@ type ControllerOptions struct {
 	// Kubeconfig is passed as --kubeconfig.
 	Kubeconfig string
 	// Args are appended to the flags StartController sets itself
-	// (--kubeconfig, --health-addr, --metrics-addr).
+	// (--kubeconfig, --health-addr, --metrics-addr, and --metrics-secure=false
+	// without MetricsAuth).
 	Args []string
+	// MetricsAuth, when set, leaves /metrics as deployed (HTTPS, readable
+	// only with a token the apiserver authorizes) and Metrics reads it with
+	// these credentials. Without it the controller serves plain HTTP
+	// (--metrics-secure=false), so a test need not set up a reader.
+	MetricsAuth *MetricsAuth
 	// Log receives the controller's stderr and stdout. Default: kept in
 	// memory only, readable with Output.
 	Log io.Writer
 }
 
+// MetricsAuth is how Metrics reads a secure /metrics.
+type MetricsAuth struct {
+	// Token is sent as the bearer token.
+	Token string
+	// CA (PEM) verifies the controller's serving certificate; nil skips
+	// the check, for the certificate it makes itself in memory.
+	CA []byte
+}
+
 // ControllerProcess is a running uuid-controller.
 type ControllerProcess struct {
-	cmd         *exec.Cmd
-	done        chan struct{}
-	err         error
-	healthURL   string
-	metricsURL  string
-	out         *syncBuffer
-	startedAt   time.Time
-	stopTimeout time.Duration
+	cmd           *exec.Cmd
+	done          chan struct{}
+	err           error
+	healthURL     string
+	metricsURL    string
+	metricsToken  string
+	metricsClient *http.Client
+	out           *syncBuffer
+	startedAt     time.Time
+	stopTimeout   time.Duration
 }
 
 // StartController starts the controller on free loopback ports for its
@@ -89,14 +108,27 @@ func StartController(ctx context.Context, opts ControllerOptions) (*ControllerPr
 	}
 	health := "127.0.0.1:" + strconv.Itoa(ports[0])
 	metrics := "127.0.0.1:" + strconv.Itoa(ports[1])
-	args := append([]string{"--kubeconfig", opts.Kubeconfig, "--health-addr", health, "--metrics-addr", metrics}, opts.Args...)
+	args := []string{"--kubeconfig", opts.Kubeconfig, "--health-addr", health, "--metrics-addr", metrics}
 	p := &ControllerProcess{
-		done:        make(chan struct{}),
-		healthURL:   "http://" + health,
-		metricsURL:  "http://" + metrics + "/metrics",
-		out:         &syncBuffer{},
-		stopTimeout: 30 * time.Second,
+		done:          make(chan struct{}),
+		healthURL:     "http://" + health,
+		metricsURL:    "http://" + metrics + "/metrics",
+		metricsClient: &http.Client{Timeout: 5 * time.Second},
+		out:           &syncBuffer{},
+		stopTimeout:   30 * time.Second,
 	}
+	if a := opts.MetricsAuth; a != nil {
+		tlsConfig, err := clientTLS(a.CA)
+		if err != nil {
+			return nil, err
+		}
+		p.metricsURL = "https://" + metrics + "/metrics"
+		p.metricsToken = a.Token
+		p.metricsClient.Transport = &http.Transport{TLSClientConfig: tlsConfig}
+	} else {
+		args = append(args, "--metrics-secure=false")
+	}
+	args = append(args, opts.Args...)
 	var w io.Writer = p.out
 	if opts.Log != nil {
 		w = io.MultiWriter(p.out, opts.Log)
@@ -152,13 +184,32 @@ func (p *ControllerProcess) waitHTTP(ctx context.Context, path string, timeout t
 	return err
 }
 
+// clientTLS trusts caPEM, or any certificate when caPEM is nil.
+func clientTLS(caPEM []byte) (*tls.Config, error) {
+	if caPEM == nil {
+		return &tls.Config{InsecureSkipVerify: true}, nil // the controller's own in-memory certificate
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("cluster: MetricsAuth.CA holds no PEM certificate")
+	}
+	return &tls.Config{RootCAs: pool}, nil
+}
+
+// MetricsURL is the controller's /metrics: https:// when started with
+// MetricsAuth, else http://.
+func (p *ControllerProcess) MetricsURL() string { return p.metricsURL }
+
 // Metrics returns the controller's /metrics in Prometheus text format.
 func (p *ControllerProcess) Metrics(ctx context.Context) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)
 	if err != nil {
 		return "", err
 	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if p.metricsToken != "" {
+		req.Header.Set("Authorization", "Bearer "+p.metricsToken)
+	}
+	resp, err := p.metricsClient.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("cluster: GET controller metrics: %w", err)
 	}

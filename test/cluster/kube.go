@@ -235,6 +235,21 @@ func ReadObjects(path string) ([]*unstructured.Unstructured, error) {
 // kubeconfig using that token. It returns the file's path. The token stays
 // valid across RestartAPIServer.
 func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name string) (string, error) {
+	token, err := c.ServiceAccountToken(ctx, namespace, name)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.dir, "kubeconfigs", fmt.Sprintf("sa-%s-%s.kubeconfig", namespace, name))
+	user := fmt.Sprintf("system:serviceaccount:%s:%s", namespace, name)
+	if err := writeKubeconfig(path, c.url, c.caPEM, user, token); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// ServiceAccountToken makes sure the namespace and ServiceAccount exist and
+// returns a 24 h token for it from the TokenRequest API.
+func (c *Cluster) ServiceAccountToken(ctx context.Context, namespace, name string) (string, error) {
 	cs, err := kubernetes.NewForConfig(c.AdminConfig())
 	if err != nil {
 		return "", err
@@ -253,10 +268,5 @@ func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name 
 	if err != nil {
 		return "", fmt.Errorf("cluster: token for serviceaccount %s/%s: %w", namespace, name, err)
 	}
-	path := filepath.Join(c.dir, "kubeconfigs", fmt.Sprintf("sa-%s-%s.kubeconfig", namespace, name))
-	user := fmt.Sprintf("system:serviceaccount:%s:%s", namespace, name)
-	if err := writeKubeconfig(path, c.url, c.caPEM, user, tr.Status.Token); err != nil {
-		return "", err
-	}
-	return path, nil
+	return tr.Status.Token, nil
 }

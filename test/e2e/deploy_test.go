@@ -48,7 +48,9 @@ func TestDeploymentAsDeployed(t *testing.T) {
 		}
 	}
 	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns, args...)
+	// /metrics as deployed: HTTPS, read (by waitLeader) with a reader's token.
+	reader, _ := metricsTokens(ctx, t, ns)
+	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader}, args...)
 	waitLeader(ctx, t, 30*time.Second, p)
 	if h := leaseHolder(ctx, t, "uuid-controller"); h == "" {
 		t.Fatal("leading, but Lease uuid-system/uuid-controller has no holder")

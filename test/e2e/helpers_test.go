@@ -56,11 +56,16 @@ func startController(ctx context.Context, t *testing.T, ns string, args ...strin
 
 func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
 	t.Helper()
-	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
-		Binary:     env.binary,
-		Kubeconfig: kubeconfig,
-		Args:       append([]string{"--namespace", ns, "-v", "2"}, args...),
-	})
+	return startControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig}, ns, args...)
+}
+
+// startControllerWith is startControllerAs with more of StartController's
+// options (the binary and the namespace and log flags are added).
+func startControllerWith(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	opts.Binary = env.binary
+	opts.Args = append(append([]string{"--namespace", ns, "-v", "2"}, opts.Args...), args...)
+	p, err := cluster.StartController(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,16 @@ func TestStartupErrors(t *testing.T) {
 		}
 	}
 	podWithoutToken = append(podWithoutToken, "KUBERNETES_SERVICE_HOST=127.0.0.1", "KUBERNETES_SERVICE_PORT=6443")
+	// Two certificate/key pairs, to hand the controller one's certificate
+	// with the other's key.
+	certDir := t.TempDir()
+	certA, keyB := filepath.Join(certDir, "a.crt"), filepath.Join(certDir, "b.key")
+	for _, pair := range [][2]string{{certA, filepath.Join(certDir, "a.key")}, {filepath.Join(certDir, "b.crt"), keyB}} {
+		if _, err := cluster.WriteServingCert(pair[0], pair[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serving := []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}
 	for _, tc := range []struct {
 		name     string
 		args     []string
@@ -42,6 +52,10 @@ func TestStartupErrors(t *testing.T) {
 		{"in-cluster without a token", []string{"--health-addr", "0", "--metrics-addr", "0"}, podWithoutToken, 1, []string{"loading in-cluster config"}},
 		{"health port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", apiserver, "--metrics-addr", "127.0.0.1:0"}, nil, 1, []string{"listening for health"}},
 		{"metrics port taken", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", apiserver}, nil, 1, []string{"listening for metrics"}},
+		{"metrics port taken, plain HTTP", []string{"--kubeconfig", env.kubeconfig, "--health-addr", "127.0.0.1:0", "--metrics-addr", apiserver, "--metrics-secure=false"}, nil, 1, []string{"listening for metrics"}},
+		{"unreadable metrics cert", append(serving, "--metrics-cert-file", filepath.Join(certDir, "missing.crt"), "--metrics-key-file", keyB), nil, 1, []string{"--metrics-cert-file", "missing.crt", "no such file"}},
+		{"metrics key of another cert", append(serving, "--metrics-cert-file", certA, "--metrics-key-file", keyB), nil, 1, []string{"--metrics-cert-file", "private key does not match public key"}},
+		{"metrics cert without key", []string{"--metrics-cert-file", certA}, nil, 2, []string{"--metrics-cert-file and --metrics-key-file must be given together"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"crypto/tls"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// Bad certificate files are start-up errors that name the flags and say
+// what is wrong.
+func TestLoadServingCertErrors(t *testing.T) {
+	dir := t.TempDir()
+	certA, keyA := filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")
+	certB, keyB := filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key")
+	for _, pair := range [][2]string{{certA, keyA}, {certB, keyB}} {
+		if _, err := cluster.WriteServingCert(pair[0], pair[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	garbage := filepath.Join(dir, "garbage.crt")
+	if err := os.WriteFile(garbage, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.crt")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.crt")
+	for _, tc := range []struct {
+		name, cert, key, want string
+	}{
+		{"missing cert", missing, keyA, "no such file"},
+		{"missing key", certA, missing, "no such file"},
+		{"a directory", dir, keyA, "is a directory"},
+		{"not PEM", garbage, keyA, "failed to find any PEM data"},
+		{"empty", empty, keyA, "missing content"},
+		{"key of another certificate", certA, keyB, "private key does not match public key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := loadServingCert(tc.cert, tc.key)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--metrics-cert-file") {
+				t.Errorf("error = %v, want one naming --metrics-cert-file and saying %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := loadServingCert(certA, keyA); err != nil {
+		t.Errorf("a matching pair: %v", err)
+	}
+}
+
+// Without files, the server presents a certificate made at start for the
+// loopback addresses, and only over TLS 1.2 or later.
+func TestSelfSignedServingCert(t *testing.T) {
+	s, err := loadServingCert("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.tlsConfig()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	leaf := conn.ConnectionState().PeerCertificates[0]
+	if err := leaf.VerifyHostname("127.0.0.1"); err != nil {
+		t.Errorf("self-signed certificate: %v", err)
+	}
+	if err := leaf.VerifyHostname("localhost"); err != nil {
+		t.Errorf("self-signed certificate: %v", err)
+	}
+	old := &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS11}
+	if c, err := tls.Dial("tcp", ln.Addr().String(), old); err == nil {
+		c.Close()
+		t.Error("a TLS 1.1 client was accepted")
+	}
+}
