@@ -59,6 +59,9 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// NormalEvents posts Normal events (an assignment) as well as Warnings.
 	NormalEvents bool
+	// RemoveKopfFinalizer removes kopf's finalizer from objects being
+	// deleted (kopf.go). Off by default: it needs patch on uuid itself.
+	RemoveKopfFinalizer bool
 }
 
 func (o Options) withDefaults() Options {
@@ -109,7 +112,10 @@ type Controller struct {
 	// reports tracks which failures have been reported, and the echoes of
 	// our own Error writes.
 	reports *failureReports
-	opts    Options
+	// crd holds writes back while the CRD is known to be wrong; nil in
+	// unit tests that do not need it.
+	crd  *crdChecker
+	opts Options
 }
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers
@@ -169,7 +175,7 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
 	}
-	if u.Status.UUID != "" {
+	if !c.needsWork(logger, u) {
 		return
 	}
 	c.queue.Add(cache.MetaObjectToName(u))
@@ -244,6 +250,8 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 	// Read before any Forget, which resets the count.
 	attempts := c.queue.NumRequeues(key) + 1
 	switch {
+	case c.waitsForCRD(ctx, key, err):
+		c.queue.AddRateLimited(key)
 	case err == nil, apierrors.IsNotFound(err):
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
@@ -295,7 +303,13 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	if id != "" {
 		// A UUID is never regenerated: not on update, resync or restart.
 		logger.V(4).Info("Object already has a UUID", "uuid", id)
+		if c.releasesKopfFinalizer(obj) {
+			return c.releaseKopfFinalizer(ctx, obj)
+		}
 		return nil
+	}
+	if err := c.crdBlocked(); err != nil {
+		return err
 	}
 	if problem != "" {
 		logger.Info("Replacing an invalid status", "problem", problem)

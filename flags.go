@@ -15,20 +15,21 @@ import (
 
 // config is everything main reads from the command line.
 type config struct {
-	kubeconfig, master string
-	namespace          string
-	workers            int
-	errorAfter         int
-	maxRetryDelay      time.Duration
-	resync             time.Duration
-	qps                float64
-	burst              int
-	healthAddr         string
-	metricsAddr        string
-	eventLevel         string
-	shutdownTimeout    time.Duration
-	leaderElect        bool
-	leader             LeaderElection
+	kubeconfig, master  string
+	namespace           string
+	workers             int
+	errorAfter          int
+	maxRetryDelay       time.Duration
+	resync              time.Duration
+	qps                 float64
+	burst               int
+	healthAddr          string
+	metricsAddr         string
+	eventLevel          string
+	shutdownTimeout     time.Duration
+	leaderElect         bool
+	leader              LeaderElection
+	removeKopfFinalizer bool
 }
 
 // serviceAccountNamespaceFile holds the pod's namespace inside a cluster; a
@@ -58,6 +59,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.DurationVar(&c.leader.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits before taking over a lease that is not renewed.")
 	fs.DurationVar(&c.leader.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before it stops leading.")
 	fs.DurationVar(&c.leader.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "Wait between leader election tries.")
+	fs.BoolVar(&c.removeKopfFinalizer, "remove-kopf-finalizer", false, "Remove the kopf operator's finalizer from Uuid objects being deleted, so they do not hang once kopf is gone. Needs deploy/kopf-migration/.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

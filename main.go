@@ -10,6 +10,7 @@ import (
 	"os"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -78,12 +79,22 @@ func run(ctx context.Context, cfg *config) error {
 		MaxRetryDelay:   cfg.maxRetryDelay,
 		ShutdownTimeout: cfg.shutdownTimeout,
 		NormalEvents:    cfg.eventLevel == corev1.EventTypeNormal,
+
+		RemoveKopfFinalizer: cfg.removeKopfFinalizer,
 	})
 	if err != nil {
 		return err
 	}
+	crd := newCRDChecker(kube.Discovery().(*discovery.DiscoveryClient), metrics.CRDReady)
+	ctrl.useCRDChecker(crd)
+	ready := func() error {
+		if !informer.Informer().HasSynced() {
+			return errors.New("informer cache not synced")
+		}
+		return crd.Ready()
+	}
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, healthHandler(informer.Informer().HasSynced))
+	waitHealth, err := serve(ctx, "health", cfg.healthAddr, healthHandler(ready))
 	if err != nil {
 		return err
 	}
@@ -100,6 +111,12 @@ func run(ctx context.Context, cfg *config) error {
 	// starts with a warm cache.
 	factory.Start(ctx.Done())
 	defer func() { cancel(); factory.Shutdown() }()
+	crdDone := make(chan struct{})
+	go func() { defer close(crdDone); crd.Run(ctx) }()
+	defer func() { cancel(); <-crdDone }()
+	if cfg.removeKopfFinalizer {
+		logger.Info("Removing kopf's finalizer from Uuid objects being deleted", "finalizer", kopfFinalizer)
+	}
 	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
 
 	var runErr error
