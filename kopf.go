@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -121,20 +120,16 @@ func (c *Controller) releaseKopfFinalizer(ctx context.Context, obj *cachedUuid) 
 	return fmt.Errorf("removing finalizer %s from %s/%s: %w", kopfFinalizer, obj.Namespace, obj.Name, err)
 }
 
-// isFailedPatchTest tells the apiserver's answer to a JSON patch whose test
-// operation failed (or whose path no longer exists): 422 with the patch
-// library's message and no field causes, unlike a rejection by validation
-// or an admission policy.
+// isFailedPatchTest tells the apiserver's answer to a JSON patch it could
+// not apply (the test failed, the index is gone): 422 naming no object and
+// no cause, as the apiserver builds it (NewGenericServerResponse drops the
+// patch library's text), unlike a rejection by validation or an admission
+// policy, which name the object and give causes.
 func isFailedPatchTest(err error) bool {
 	var status apierrors.APIStatus
 	if !apierrors.IsInvalid(err) || !errors.As(err, &status) {
 		return false
 	}
-	st := status.Status()
-	if st.Details != nil && len(st.Details.Causes) > 0 {
-		return false
-	}
-	msg := st.Message
-	return strings.Contains(msg, "testing value") || strings.Contains(msg, "error in test for path") ||
-		strings.Contains(msg, "missing value")
+	d := status.Status().Details
+	return d == nil || (d.Name == "" && d.Kind == "" && len(d.Causes) == 0)
 }
