@@ -487,20 +487,6 @@ func TestErrorStatusNotRewritten(t *testing.T) {
 	}
 }
 
-func TestNotFoundOnPatchIsNotAnError(t *testing.T) {
-	obj := newUuid("default", "example", "5")
-	client := newClient(t)
-	f := newFixtureWithClient(t, client, Options{}, obj) // cached, but gone from the API
-	f.ctrl.queue.Add(key("default", "example"))
-	f.drive(1)
-	if f.ctrl.queue.Len() != 0 || testutil.ToFloat64(f.metrics.Dropped) != 0 {
-		t.Error("a deleted object was retried or dropped as a failure")
-	}
-	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("not_found")); got != 1 {
-		t.Errorf("not_found writes = %v, want 1", got)
-	}
-}
-
 // preconditionReactor makes the fake client check a merge patch's
 // metadata.resourceVersion the way the apiserver does, and bump it on write.
 func preconditionReactor(t *testing.T, client *dynamicfake.FakeDynamicClient) {
