@@ -38,19 +38,10 @@ func useArticleCRD(ctx context.Context, t *testing.T) {
 // ("" for anyone), per object name and response code.
 func auditedObjectWrites(t *testing.T, ns, user string) map[string][]int {
 	t.Helper()
-	evs, err := env.cluster.AuditEvents()
-	if err != nil {
-		t.Fatal(err)
-	}
-	codes := map[string][]int{}
-	for _, ev := range evs {
-		r := ev.ObjectRef
-		if (ev.Verb == "patch" || ev.Verb == "update") && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "" &&
-			r.Namespace == ns && (user == "" || ev.User.Username == user) {
-			codes[r.Name] = append(codes[r.Name], ev.ResponseStatus.Code)
-		}
-	}
-	return codes
+	return auditedCodes(t, ns, func(ev cluster.AuditEvent) bool {
+		return (ev.Verb == "patch" || ev.Verb == "update") && ev.ObjectRef.Subresource == "" &&
+			(user == "" || ev.User.Username == user)
+	})
 }
 
 // waitNotReady waits up to timeout for /readyz to answer 503 and returns
@@ -101,19 +92,7 @@ func TestCRDWithoutStatusSubresource(t *testing.T) {
 	useArticleCRD(ctx, t)
 	names := createUuids(ctx, t, ns, "early", 3)
 
-	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
-		Binary: env.binary, Kubeconfig: env.kubeconfig,
-		Args: []string{"--namespace", ns, "-v", "2", "--max-retry-delay", "2s"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("controller output:\n%s", p.Output())
-		}
-	})
+	p := launchController(ctx, t, env.kubeconfig, ns, "--max-retry-delay", "2s")
 	if err := p.WaitReady(ctx, 5*time.Second); err == nil {
 		t.Fatal("the controller reports ready on a CRD without the status subresource")
 	}

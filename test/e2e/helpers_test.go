@@ -54,10 +54,24 @@ func startController(ctx context.Context, t *testing.T, ns string, args ...strin
 
 func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
 	t.Helper()
+	p := launchController(ctx, t, kubeconfig, ns, args...)
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// launchController is startControllerAs without waiting for readiness;
+// ns "" watches every namespace, as deployed.
+func launchController(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	if ns != "" {
+		args = append([]string{"--namespace", ns}, args...)
+	}
 	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
 		Binary:     env.binary,
 		Kubeconfig: kubeconfig,
-		Args:       append([]string{"--namespace", ns, "-v", "2"}, args...),
+		Args:       append([]string{"-v", "2"}, args...),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -68,9 +82,6 @@ func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string,
 			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
 		}
 	})
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	return p
 }
 
@@ -313,6 +324,15 @@ func auditedStatusPatches(t *testing.T, ns string, code int) int {
 // in ns, in order.
 func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
 	t.Helper()
+	return auditedCodes(t, ns, func(ev cluster.AuditEvent) bool {
+		return ev.Verb == "patch" && ev.ObjectRef.Subresource == "status"
+	})
+}
+
+// auditedCodes returns, from the apiserver's audit log, the response codes
+// of the requests match picks on each Uuid object in ns, in order.
+func auditedCodes(t *testing.T, ns string, match func(cluster.AuditEvent) bool) map[string][]int {
+	t.Helper()
 	evs, err := env.cluster.AuditEvents()
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +340,7 @@ func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
 	codes := map[string][]int{}
 	for _, ev := range evs {
 		r := ev.ObjectRef
-		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" && r.Namespace == ns {
+		if r.Resource == cluster.UuidGVR.Resource && r.Namespace == ns && match(ev) {
 			codes[r.Name] = append(codes[r.Name], ev.ResponseStatus.Code)
 		}
 	}

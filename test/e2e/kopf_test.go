@@ -166,28 +166,6 @@ func saClient(t *testing.T) dynamic.Interface {
 	return dyn
 }
 
-// startAllNamespaces runs the controller as deployed, over every
-// namespace, with extra args.
-func startAllNamespaces(ctx context.Context, t *testing.T, kubeconfig string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
-		Binary: env.binary, Kubeconfig: kubeconfig, Args: append([]string{"-v", "2"}, args...),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
-		}
-	})
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // TestKopfMigration follows the README's migration on objects in exactly
 // the state kopf leaves them, created through the API on the article's
 // CRD: kopf's UUIDs are kept with zero writes, the objects kopf failed on
@@ -235,7 +213,7 @@ func TestKopfMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Step 3: the controller, as deployed (every namespace, its own RBAC).
-	p := startAllNamespaces(ctx, t, env.kubeconfig, "--resync", "1s")
+	p := startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s")
 	waitUUIDs(ctx, t, ns, []string{"failed-erreur", "failed-error"}, 30*time.Second)
 	for n := range failed {
 		waitWarning(ctx, t, ns, n, "InvalidUUID")
@@ -286,7 +264,7 @@ func TestKopfMigration(t *testing.T) {
 
 	// Step 4: the opt-in, with its RBAC and admission policy.
 	useKopfMigration(ctx, t, ns, true)
-	p = startAllNamespaces(ctx, t, env.kubeconfig, "--resync", "1s", "--remove-kopf-finalizer")
+	p = startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s", "--remove-kopf-finalizer")
 	waitFor(t, 30*time.Second, "handled-0, deleted while the opt-in was off, is gone", func() bool { return object(ctx, t, ns, "handled-0") == nil })
 	deleteUuid(ctx, t, ns, "shared")
 	waitFor(t, 30*time.Second, "kopf's finalizer leaves shared", func() bool {
