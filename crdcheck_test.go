@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -239,5 +243,66 @@ func TestNotFoundOnPatchAsksForACheck(t *testing.T) {
 	}
 	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
 		t.Errorf("dropped = %v", d)
+	}
+}
+
+// fetchCRDFacts against an httptest apiserver serving the captures, or
+// failing one of the two reads.
+func TestFetchCRDFacts(t *testing.T) {
+	disc, err := os.ReadFile("testdata/discovery-crd.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("testdata/openapi-crd.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		discovery int // response code; 200 serves the capture
+		openAPI   int
+		wantErr   string
+		wantFacts bool
+	}{
+		{name: "served", discovery: 200, openAPI: 200, wantFacts: true},
+		{name: "group version not served", discovery: 404, openAPI: 404},
+		{name: "discovery fails", discovery: 503, openAPI: 200, wantErr: "discovery of demo.operator/v1"},
+		{name: "document not published yet", discovery: 200, openAPI: 404, wantErr: "reading /openapi/v3/apis/demo.operator/v1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				code, body := tt.openAPI, doc
+				if r.URL.Path == "/apis/demo.operator/v1" {
+					code, body = tt.discovery, disc
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(code)
+				if code == http.StatusOK {
+					_, _ = w.Write(body)
+				}
+			}))
+			defer srv.Close()
+			dc, err := discovery.NewDiscoveryClientForConfig(&rest.Config{Host: srv.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := fetchCRDFacts(t.Context(), dc)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got.resources != nil) != tt.wantFacts || (len(got.openAPI) > 0) != tt.wantFacts {
+				t.Errorf("facts = %v, %d bytes; want them read: %v", got.resources, len(got.openAPI), tt.wantFacts)
+			}
+			if tt.wantFacts && len(crdProblems(got)) != 0 {
+				t.Errorf("problems = %q on the served crd.yaml", crdProblems(got))
+			}
+		})
 	}
 }

@@ -33,6 +33,10 @@ const kopfFinalizer = "kopf.zalando.org/KopfFinalizerMarker"
 // being deleted (Normal).
 const ReasonKopfFinalizerRemoved = "KopfFinalizerRemoved"
 
+// ReasonKopfFinalizerFailed: removing kopf's finalizer failed; it is
+// retried (Warning).
+const ReasonKopfFinalizerFailed = "KopfFinalizerRemovalFailed"
+
 // terminatingFinalizers is what the cache keeps of u's finalizers: all of
 // them while u is being deleted, none before, since only then can one
 // be acted on (and most objects carry kopf's for life).
@@ -117,7 +121,11 @@ func (c *Controller) releaseKopfFinalizer(ctx context.Context, obj *cachedUuid) 
 		return apierrors.NewConflict(uuidGVR.GroupResource(), obj.Name,
 			fmt.Errorf("kopf's finalizer is no longer at index %d: %w", kopfFinalizerIndex(obj), err))
 	}
-	return fmt.Errorf("removing finalizer %s from %s/%s: %w", kopfFinalizer, obj.Namespace, obj.Name, err)
+	// Said on the object too: kubectl describe is where a user looks when
+	// a deletion hangs (a missing deploy/kopf-migration/ grant, say).
+	err = fmt.Errorf("removing finalizer %s from %s/%s: %w", kopfFinalizer, obj.Namespace, obj.Name, err)
+	c.event(obj, corev1.EventTypeWarning, ReasonKopfFinalizerFailed, "Failed to remove kopf's finalizer: "+err.Error())
+	return err
 }
 
 // isFailedPatchTest tells the apiserver's answer to a JSON patch it could

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -125,8 +126,8 @@ func TestReleaseKopfFinalizer(t *testing.T) {
 		{name: "already gone", apiErr: apierrors.NewNotFound(uuidGVR.GroupResource(), "x")},
 		{name: "finalizers changed: retried as a conflict", apiErr: failedTest(), wantErr: apierrors.IsConflict},
 		{name: "denied by admission: not a conflict", apiErr: apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "x", nil),
-			wantErr: func(err error) bool { return apierrors.IsInvalid(err) && !apierrors.IsConflict(err) }},
-		{name: "forbidden", apiErr: apierrors.NewForbidden(uuidGVR.GroupResource(), "x", nil), wantErr: apierrors.IsForbidden},
+			wantErr: func(err error) bool { return apierrors.IsInvalid(err) && !apierrors.IsConflict(err) }, wantEvents: 1},
+		{name: "forbidden", apiErr: apierrors.NewForbidden(uuidGVR.GroupResource(), "x", errors.New("no grant")), wantErr: apierrors.IsForbidden, wantEvents: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
