@@ -112,10 +112,11 @@ type Controller struct {
 	// reports tracks which failures have been reported, and the echoes of
 	// our own Error writes.
 	reports *failureReports
+	opts    Options
+
 	// crd holds writes back while the CRD is known to be wrong; nil in
 	// unit tests that do not need it.
-	crd  *crdChecker
-	opts Options
+	crd *crdChecker
 }
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers

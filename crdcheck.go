@@ -144,11 +144,14 @@ func (k *crdChecker) check(ctx context.Context) {
 	facts, err := k.fetch(ctx)
 	if err != nil {
 		// The apiserver is unreachable or the document lags: what was known
-		// stands. The informer reports an unreachable apiserver itself.
-		logger.V(2).Info("Could not check the Uuid CRD, will retry", "err", err)
+		// stands. Logged once per distinct error, not every few seconds.
 		k.mu.Lock()
+		repeated := k.lastErr != nil && k.lastErr.Error() == err.Error()
 		k.lastErr = err
 		k.mu.Unlock()
+		if !repeated {
+			logger.Error(err, "Could not check the Uuid CRD, will retry")
+		}
 		return
 	}
 	problems := crdProblems(facts)

@@ -15,20 +15,22 @@ import (
 
 // config is everything main reads from the command line.
 type config struct {
-	kubeconfig, master  string
-	namespace           string
-	workers             int
-	errorAfter          int
-	maxRetryDelay       time.Duration
-	resync              time.Duration
-	qps                 float64
-	burst               int
-	healthAddr          string
-	metricsAddr         string
-	eventLevel          string
-	shutdownTimeout     time.Duration
-	leaderElect         bool
-	leader              LeaderElection
+	kubeconfig, master string
+	namespace          string
+	workers            int
+	errorAfter         int
+	maxRetryDelay      time.Duration
+	resync             time.Duration
+	qps                float64
+	burst              int
+	healthAddr         string
+	metricsAddr        string
+	eventLevel         string
+	shutdownTimeout    time.Duration
+	leaderElect        bool
+	leader             LeaderElection
+
+	// removeKopfFinalizer is --remove-kopf-finalizer (kopf.go).
 	removeKopfFinalizer bool
 }
 

@@ -85,7 +85,11 @@ func run(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	crd := newCRDChecker(kube.Discovery().(*discovery.DiscoveryClient), metrics.CRDReady)
+	disc, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("building discovery client: %w", err)
+	}
+	crd := newCRDChecker(disc, metrics.CRDReady)
 	ctrl.useCRDChecker(crd)
 	ready := func() error {
 		if !informer.Informer().HasSynced() {
