@@ -191,3 +191,12 @@ func TestLiveKopfObjectsAreLeftAlone(t *testing.T) {
 		t.Errorf("%d patches sent to a live kopf object with a UUID, want 0", len(ps))
 	}
 }
+
+func TestRemoveKopfFinalizerFlagIsOptIn(t *testing.T) {
+	if c, err := parse(); err != nil || c.removeKopfFinalizer {
+		t.Errorf("default: %v, %v; want off", c, err)
+	}
+	if c, err := parse("--remove-kopf-finalizer"); err != nil || !c.removeKopfFinalizer {
+		t.Errorf("--remove-kopf-finalizer: %v, %v; want on", c, err)
+	}
+}
