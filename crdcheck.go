@@ -47,6 +47,9 @@ const (
 	crdCheckWhileWrong = 5 * time.Second
 	crdCheckWhileRight = 30 * time.Second
 	minCRDCheckGap     = time.Second
+	// crdCheckTimeout bounds one check's two reads, so a hung apiserver
+	// cannot stop the checks.
+	crdCheckTimeout = 10 * time.Second
 )
 
 // crdChecker knows whether the served Uuid resource can hold what the
@@ -141,7 +144,9 @@ func (k *crdChecker) Suspect() {
 // check reads the CRD's state and reports any change.
 func (k *crdChecker) check(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	facts, err := k.fetch(ctx)
+	fetchCtx, cancel := context.WithTimeout(ctx, crdCheckTimeout)
+	facts, err := k.fetch(fetchCtx)
+	cancel()
 	if err != nil {
 		// The apiserver is unreachable or the document lags: what was known
 		// stands. Logged once per distinct error, not every few seconds.

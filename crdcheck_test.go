@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -304,5 +305,39 @@ func TestFetchCRDFacts(t *testing.T) {
 				t.Errorf("problems = %q on the served crd.yaml", crdProblems(got))
 			}
 		})
+	}
+}
+
+// Run checks at once, again soon after Suspect (the periodic check of a
+// fitting CRD is 30 s away), and returns when its context ends.
+func TestCRDCheckerRunChecksOnSuspect(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	k := newCRDChecker(nil, NewMetrics().CRDReady)
+	checks := make(chan struct{}, 10)
+	good := facts(t, "crd")
+	k.fetch = func(context.Context) (crdFacts, error) { checks <- struct{}{}; return good, nil }
+	done := make(chan struct{})
+	go func() { defer close(done); k.Run(ctx) }()
+	waitCheck := func(what string) {
+		t.Helper()
+		select {
+		case <-checks:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no check %s", what)
+		}
+	}
+	waitCheck("at start")
+	k.Suspect()
+	k.Suspect() // coalesced with the first
+	waitCheck("after Suspect")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if n := len(checks); n != 0 {
+		t.Errorf("%d more checks, want the two Suspect calls to make one", n)
 	}
 }
