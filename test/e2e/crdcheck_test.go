@@ -44,9 +44,9 @@ func auditedObjectWrites(t *testing.T, ns, user string) map[string][]int {
 	})
 }
 
-// waitNotReady waits up to timeout for /readyz to answer 503 and returns
-// its body.
-func waitNotReady(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, timeout time.Duration) string {
+// waitNotReady waits up to timeout for /readyz to answer 503 with a body
+// containing reason, and returns the body.
+func waitNotReady(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, timeout time.Duration, reason string) string {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -54,11 +54,11 @@ func waitNotReady(ctx context.Context, t *testing.T, p *cluster.ControllerProces
 		if err != nil {
 			t.Fatal(err)
 		}
-		if code == http.StatusServiceUnavailable {
+		if code == http.StatusServiceUnavailable && strings.Contains(body, reason) {
 			return body
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz still %d after %s", code, timeout)
+			t.Fatalf("/readyz still %d %q after %s, want 503 saying %q", code, body, timeout, reason)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -98,7 +98,7 @@ func TestCRDWithoutStatusSubresource(t *testing.T) {
 	}
 	names = append(names, createUuids(ctx, t, ns, "late", 2)...)
 	time.Sleep(quiet) // retries, with backoff up to 2 s
-	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, time.Second))
+	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, time.Second, "no status subresource"))
 	for _, n := range names {
 		if state, id := status(ctx, t, ns, n); state != "" || id != "" {
 			t.Errorf("%s: status state %q uuid %q on a CRD the controller cannot write", n, state, id)
@@ -144,7 +144,7 @@ func TestCRDReplacedByArticles(t *testing.T) {
 	during := createUuids(ctx, t, ns, "during", 2)
 	// The periodic check comes every 30 s; the 404 asks for one at once,
 	// so without that the wait below would mostly time out.
-	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, 15*time.Second))
+	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, 15*time.Second, "no status subresource"))
 	for _, n := range during {
 		if _, id := status(ctx, t, ns, n); id != "" {
 			t.Errorf("%s got UUID %s on a CRD without the status subresource", n, id)
@@ -165,5 +165,50 @@ func TestCRDReplacedByArticles(t *testing.T) {
 	}
 	if w := auditedObjectWrites(t, ns, ""); len(w) != 0 {
 		t.Errorf("objects were updated to heal them: %v", w)
+	}
+}
+
+// TestCRDSchemaPrunesUUID: a CRD with the status subresource whose schema
+// has no status.uuid would silently drop every UUID written. Started on
+// it, the controller reads that from the OpenAPI document (as its
+// ServiceAccount), stays not ready naming the field and the fix, and
+// writes nothing; crd.yaml heals it.
+func TestCRDSchemaPrunesUUID(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := env.cluster.InstallCRD(ctx); err != nil {
+			t.Errorf("reinstalling crd.yaml: %v", err)
+		}
+	})
+	if err := env.cluster.InstallCRDFile(ctx, "testdata/crd-without-uuid.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	// The OpenAPI document follows the CRD a moment after discovery does.
+	waitFor(t, 30*time.Second, "the OpenAPI document drops status.uuid", func() bool {
+		doc, err := env.kube.Discovery().RESTClient().Get().AbsPath("/openapi/v3/apis/demo.operator/v1").DoRaw(ctx)
+		return err == nil && !strings.Contains(string(doc), `"format":"uuid"`)
+	})
+	p := launchController(ctx, t, env.kubeconfig, ns)
+	body := waitNotReady(ctx, t, p, 30*time.Second, "no status.uuid")
+	names := createUuids(ctx, t, ns, "pruned", 2)
+	time.Sleep(quiet)
+	if !strings.Contains(body, crdFix) {
+		t.Errorf("/readyz body %q does not name the fix", body)
+	}
+	if out := p.Output(); !strings.Contains(out, "no status.uuid") {
+		t.Errorf("the log does not name status.uuid:\n%s", out)
+	}
+	if n := auditedStatusPatches(t, ns, 0); n != 0 {
+		t.Errorf("%d status writes on a schema that drops the UUID, want none", n)
+	}
+	if err := env.cluster.InstallCRD(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUUIDs(ctx, t, ns, names, time.Minute)
+	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Errorf("not ready once crd.yaml is applied: %v", err)
 	}
 }
