@@ -16,7 +16,8 @@ import (
 // memory stays small and linear in the number of objects.
 type cachedUUID struct {
 	metav1.TypeMeta
-	// ObjectMeta holds only name, namespace, UID and resourceVersion.
+	// ObjectMeta holds only name, namespace, UID, resourceVersion,
+	// deletionTimestamp and, while that is set, finalizers.
 	metav1.ObjectMeta
 	// Status is status.state, status.message and a valid status.uuid; an
 	// invalid uuid is left out here and described by UUIDProblem. Its
@@ -54,10 +55,12 @@ func toCached(u *unstructured.Unstructured) *cachedUUID {
 	return &cachedUUID{
 		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       u.GetNamespace(),
-			Name:            u.GetName(),
-			UID:             u.GetUID(),
-			ResourceVersion: u.GetResourceVersion(),
+			Namespace:         u.GetNamespace(),
+			Name:              u.GetName(),
+			UID:               u.GetUID(),
+			ResourceVersion:   u.GetResourceVersion(),
+			DeletionTimestamp: u.GetDeletionTimestamp(),
+			Finalizers:        terminatingFinalizers(u),
 		},
 		Status:      st,
 		UUIDProblem: problem,

@@ -61,6 +61,9 @@ type Controller struct {
 	// syncHandler reconciles one key; a field so tests can inject failures.
 	syncHandler func(ctx context.Context, key cache.ObjectName) error
 	opts        Options
+	// crd holds writes back while the CRD is known to be wrong; nil in
+	// unit tests that do not need it.
+	crd *crdChecker
 }
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers
@@ -145,7 +148,7 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
 	}
-	if u.Status.UUID != "" {
+	if !c.needsWork(logger, u) {
 		return
 	}
 	c.queue.Add(cache.MetaObjectToName(u))
@@ -226,7 +229,13 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	if id != "" {
 		// A UUID is never regenerated: not on update, resync or restart.
 		logger.V(4).Info("Object already has a UUID", "uuid", id)
+		if c.releasesKopfFinalizer(obj) {
+			return c.releaseKopfFinalizer(ctx, obj)
+		}
 		return nil
+	}
+	if err := c.crdBlocked(); err != nil {
+		return err
 	}
 	if problem != "" {
 		// Per object, so at -v=2 like the assignment; the Warning Event
@@ -299,6 +308,10 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 	// Read before any Forget, which resets the count.
 	attempts := c.queue.NumRequeues(key) + 1
 	switch {
+	case c.waitsForCRD(ctx, key, err):
+		// The CRD cannot take the write (crdcheck.go): kept queued, so
+		// fixing the CRD heals the object with no restart or update.
+		c.queue.AddRateLimited(key)
 	case err == nil, apierrors.IsNotFound(err):
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.

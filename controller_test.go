@@ -297,20 +297,6 @@ func TestSyncUUID(t *testing.T) {
 	}
 }
 
-func TestNotFoundOnPatchIsNotAnError(t *testing.T) {
-	obj := newUUIDObject("default", "example", "5")
-	client := newClient(t)
-	f := newFixtureWithClient(t, client, Options{}, obj) // cached, but gone from the API
-	f.ctrl.queue.Add(key("default", "example"))
-	f.drive(1)
-	if f.ctrl.queue.Len() != 0 || testutil.ToFloat64(f.metrics.Dropped) != 0 {
-		t.Error("a deleted object was retried or dropped as a failure")
-	}
-	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("not_found")); got != 1 {
-		t.Errorf("not_found writes = %v, want 1", got)
-	}
-}
-
 // Two replicas (or an old and a new pod) see the same object without a UUID
 // in their caches and both try to assign one. The precondition lets only the
 // first write land; the second gets a conflict, requeues, and on its next try

@@ -64,6 +64,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.DurationVar(&c.leader.LeaseDuration, "leader-elect-lease-duration", c.leader.LeaseDuration, "How long a standby waits before taking over a lease that is not renewed.")
 	fs.DurationVar(&c.leader.RenewDeadline, "leader-elect-renew-deadline", c.leader.RenewDeadline, "How long the leader retries renewing before it stops leading.")
 	fs.DurationVar(&c.leader.RetryPeriod, "leader-elect-retry-period", c.leader.RetryPeriod, "Wait between leader election tries.")
+	fs.BoolVar(&c.opts.RemoveKopfFinalizer, "remove-kopf-finalizer", false, "Remove the kopf operator's finalizer from Uuid objects being deleted, so they do not hang once kopf is gone. Needs deploy/kopf-migration/.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

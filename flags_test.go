@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"io"
 	"net/http"
@@ -72,21 +73,21 @@ func TestFlagErrors(t *testing.T) {
 }
 
 func TestHealthHandler(t *testing.T) {
-	ready := false
-	h := healthHandler(func() bool { return ready })
-	get := func(path string) int {
+	ready := errors.New("informer cache not synced")
+	h := healthHandler(func() error { return ready })
+	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-		return rec.Code
+		return rec.Code, rec.Body.String()
 	}
-	if code := get("/healthz"); code != http.StatusOK {
+	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d", code)
 	}
-	if code := get("/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("/readyz before sync = %d, want 503", code)
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "informer cache not synced") {
+		t.Errorf("/readyz before sync = %d %q, want 503 with the reason", code, body)
 	}
-	ready = true
-	if code := get("/readyz"); code != http.StatusOK {
+	ready = nil
+	if code, _ := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after sync = %d, want 200", code)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -77,8 +78,20 @@ func run(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
+	disc, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("building discovery client: %w", err)
+	}
+	crd := newCRDChecker(disc, metrics.CRDReady)
+	ctrl.useCRDChecker(crd)
+	ready := func() error {
+		if !informer.Informer().HasSynced() {
+			return errors.New("informer cache not synced")
+		}
+		return crd.Ready()
+	}
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(informer.Informer().HasSynced))
+	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
 	if err != nil {
 		return err
 	}
@@ -99,6 +112,12 @@ func run(ctx context.Context, cfg *config) error {
 	// starts with a warm cache.
 	factory.Start(ctx.Done())
 	defer func() { cancel(); factory.Shutdown() }()
+	crdDone := make(chan struct{})
+	go func() { defer close(crdDone); crd.Run(ctx) }()
+	defer func() { cancel(); <-crdDone }()
+	if cfg.opts.RemoveKopfFinalizer {
+		logger.Info("Removing kopf's finalizer from Uuid objects being deleted", "finalizer", kopfFinalizer)
+	}
 	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
 
 	var runErr error

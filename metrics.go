@@ -32,6 +32,12 @@ type Metrics struct {
 	// (ok, unauthenticated, forbidden, review_failed), so scrapes refused
 	// for an apiserver outage show once a scrape gets through again.
 	MetricsRequests *prometheus.CounterVec
+	// CRDReady is 1 while the installed CRD can hold what the controller
+	// writes (crdcheck.go).
+	CRDReady prometheus.Gauge
+	// KopfFinalizersRemoved counts kopf finalizers removed from objects
+	// being deleted (kopf.go).
+	KopfFinalizersRemoved prometheus.Counter
 }
 
 // NewMetrics builds the controller metrics plus Go and process collectors.
@@ -62,16 +68,21 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Name: "metrics_requests_total",
 			Help: "Requests to the secure /metrics, by result of their authentication and authorization.",
 		}, []string{"result"}),
+		CRDReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "crd_ready",
+			Help: "1 while the installed Uuid CRD has the status subresource and schema the controller needs; 0 while it does not or before the first check.",
+		}),
+		KopfFinalizersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "kopf_finalizers_removed_total",
+			Help: "kopf finalizers removed from Uuid objects being deleted (--remove-kopf-finalizer).",
+		}),
 	}
 	// Known results are exported as 0 from the start, so a rate over them
 	// works before the first write and a missing series means a rename.
 	for _, result := range []string{"ok", "conflict", "not_found", "error"} {
 		m.StatusWrites.WithLabelValues(result)
 	}
-	for _, result := range []string{"ok", "unauthenticated", "forbidden", "review_failed"} {
-		m.MetricsRequests.WithLabelValues(result)
-	}
-	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests,
+	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests, m.CRDReady, m.KopfFinalizersRemoved,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

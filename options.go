@@ -26,6 +26,9 @@ type Options struct {
 	// NormalEvents (--event-level Normal) posts Normal events (an
 	// assignment) as well as Warnings.
 	NormalEvents bool
+	// RemoveKopfFinalizer removes kopf's finalizer from objects being
+	// deleted (kopf.go). Off by default: it needs patch on uuid itself.
+	RemoveKopfFinalizer bool
 }
 
 // defaultOptions are the defaults of Options and of their flags.

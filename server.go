@@ -17,16 +17,17 @@ import (
 )
 
 // healthHandler serves /healthz (the process is alive and serving) and
-// /readyz (the informer's cache has synced: true of the leader and of a
-// standby alike, so a rollout waits for warm replicas).
-func healthHandler(ready func() bool) http.Handler {
+// /readyz (ready returns nil: the informer's cache has synced and the CRD
+// fits, true of the leader and of a standby alike, so a rollout waits for
+// warm replicas); not ready, the body says why.
+func healthHandler(ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "informer cache not synced", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

@@ -200,6 +200,21 @@ func clientTLS(caPEM []byte) (*tls.Config, error) {
 // MetricsAuth, else http://.
 func (p *ControllerProcess) MetricsURL() string { return p.metricsURL }
 
+// Readyz returns the controller's /readyz response code and body.
+func (p *ControllerProcess) Readyz(ctx context.Context) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.healthURL+"/readyz", nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0, "", fmt.Errorf("cluster: GET controller /readyz: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
 // Metrics returns the controller's /metrics in Prometheus text format.
 func (p *ControllerProcess) Metrics(ctx context.Context) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.metricsURL, nil)

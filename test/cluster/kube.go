@@ -66,9 +66,30 @@ func (c *Cluster) apiserverProc() *process {
 
 // InstallCRD applies <repo root>/crd.yaml and waits until the CRD is
 // Established and NamesAccepted and its resource is in discovery. Start
-// calls it; a test that deleted the CRD calls it again.
+// calls it; a test that deleted or replaced the CRD calls it again.
 func (c *Cluster) InstallCRD(ctx context.Context) error {
-	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "crd.yaml")); err != nil {
+	return c.InstallCRDFile(ctx, filepath.Join(c.repoRoot, "crd.yaml"))
+}
+
+// InstallCRDFile is InstallCRD with another CRD of the same name, e.g. the
+// kopf article's: it also waits until discovery shows the status
+// subresource if and only if the file's CRD has one.
+func (c *Cluster) InstallCRDFile(ctx context.Context, path string) error {
+	objs, err := ReadObjects(path)
+	if err != nil {
+		return err
+	}
+	if len(objs) != 1 || objs[0].GetName() != CRDName {
+		return fmt.Errorf("cluster: %s must hold exactly the CRD %s", path, CRDName)
+	}
+	versions, _, _ := unstructured.NestedSlice(objs[0].Object, "spec", "versions")
+	wantStatus := false
+	for _, v := range versions {
+		if m, ok := v.(map[string]any); ok && m["name"] == UuidGVR.Version {
+			_, wantStatus, _ = unstructured.NestedMap(m, "subresources", "status")
+		}
+	}
+	if err := c.Apply(ctx, path); err != nil {
 		return err
 	}
 	dyn, err := dynamic.NewForConfig(c.shortTimeoutConfig())
@@ -93,12 +114,18 @@ func (c *Cluster) InstallCRD(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		var served, status bool
 		for _, r := range rl.APIResources {
-			if r.Name == UuidGVR.Resource {
-				return nil
-			}
+			served = served || r.Name == UuidGVR.Resource
+			status = status || r.Name == UuidGVR.Resource+"/status"
 		}
-		return fmt.Errorf("resource %s not in discovery yet", UuidGVR)
+		if !served {
+			return fmt.Errorf("resource %s not in discovery yet", UuidGVR)
+		}
+		if status != wantStatus {
+			return fmt.Errorf("discovery does not show %s's status subresource change yet", UuidGVR)
+		}
+		return nil
 	})
 }
 

@@ -63,8 +63,27 @@ func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string,
 // options (the binary and the namespace and log flags are added).
 func startControllerWith(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
 	t.Helper()
+	p := launchControllerWith(ctx, t, opts, ns, args...)
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// launchController is startControllerAs without waiting for readiness;
+// ns "" watches every namespace, as deployed.
+func launchController(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig}, ns, args...)
+}
+
+func launchControllerWith(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	if ns != "" {
+		args = append([]string{"--namespace", ns}, args...)
+	}
 	opts.Binary = env.binary
-	opts.Args = append(append([]string{"--namespace", ns, "-v", "2"}, opts.Args...), args...)
+	opts.Args = append(append([]string{"-v", "2"}, opts.Args...), args...)
 	p, err := cluster.StartController(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -75,9 +94,6 @@ func startControllerWith(ctx context.Context, t *testing.T, opts cluster.Control
 			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
 		}
 	})
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	return p
 }
 
@@ -339,8 +355,19 @@ func auditedStatusPatches(t *testing.T, ns string, code int) int {
 // in ns, in order.
 func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
 	t.Helper()
+	return auditedCodes(t, ns, isStatusPatchEvent)
+}
+
+func isStatusPatchEvent(ev cluster.AuditEvent) bool {
+	return ev.Verb == "patch" && ev.ObjectRef.Subresource == "status"
+}
+
+// auditedCodes returns, from the apiserver's audit log, the response codes
+// of the requests match picks on each Uuid object in ns, in order.
+func auditedCodes(t *testing.T, ns string, match func(cluster.AuditEvent) bool) map[string][]int {
+	t.Helper()
 	codes := map[string][]int{}
-	for _, ev := range auditedStatusPatchEvents(t, ns) {
+	for _, ev := range auditedEvents(t, ns, match) {
 		codes[ev.ObjectRef.Name] = append(codes[ev.ObjectRef.Name], ev.ResponseStatus.Code)
 	}
 	return codes
@@ -350,14 +377,20 @@ func auditedStatusPatchCodes(t *testing.T, ns string) map[string][]int {
 // PATCH requests to the status of Uuid objects in ns, in order.
 func auditedStatusPatchEvents(t *testing.T, ns string) []cluster.AuditEvent {
 	t.Helper()
+	return auditedEvents(t, ns, isStatusPatchEvent)
+}
+
+// auditedEvents returns, from the apiserver's audit log, the requests
+// match picks on Uuid objects in ns, in order.
+func auditedEvents(t *testing.T, ns string, match func(cluster.AuditEvent) bool) []cluster.AuditEvent {
+	t.Helper()
 	evs, err := env.cluster.AuditEvents()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []cluster.AuditEvent
 	for _, ev := range evs {
-		r := ev.ObjectRef
-		if ev.Verb == "patch" && r.Resource == cluster.UuidGVR.Resource && r.Subresource == "status" && r.Namespace == ns {
+		if r := ev.ObjectRef; r.Resource == cluster.UuidGVR.Resource && r.Namespace == ns && match(ev) {
 			out = append(out, ev)
 		}
 	}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// kopfObject is an object as kopf leaves it: its finalizer (after others'
+// given first), its annotation and a UUID; terminating when deleting.
+func kopfObject(name string, deleting bool, others ...string) *unstructured.Unstructured {
+	u := withStatus(newUUIDObject("default", name, "5"), map[string]any{"state": "Ok", "message": "Création de la ressource réussie", "uuid": testUUID})
+	u.SetFinalizers(append(others, kopfFinalizer))
+	u.SetAnnotations(map[string]string{"kopf.zalando.org/last-handled-configuration": "{}\n"})
+	if deleting {
+		u.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	}
+	return u
+}
+
+func TestCacheKeepsFinalizersOfTerminatingObjectsOnly(t *testing.T) {
+	live := toCached(kopfObject("live", false, "example.com/other"))
+	if live.Finalizers != nil || live.DeletionTimestamp != nil {
+		t.Errorf("live object cached with finalizers %v, deletionTimestamp %v", live.Finalizers, live.DeletionTimestamp)
+	}
+	deleting := toCached(kopfObject("deleting", true, "example.com/other"))
+	if want := []string{"example.com/other", kopfFinalizer}; !slices.Equal(deleting.Finalizers, want) || deleting.DeletionTimestamp == nil {
+		t.Errorf("terminating object cached with finalizers %v, deletionTimestamp %v; want %v and set", deleting.Finalizers, deleting.DeletionTimestamp, want)
+	}
+}
+
+func TestNeedsWork(t *testing.T) {
+	tests := []struct {
+		name  string
+		obj   *unstructured.Unstructured
+		optIn bool
+		want  bool
+	}{
+		{name: "no UUID", obj: newUUIDObject("default", "new", "1"), want: true},
+		{name: "kopf's, live, opt-in", obj: kopfObject("live", false), optIn: true},
+		{name: "kopf's, deleting, opt-in", obj: kopfObject("deleting", true), optIn: true, want: true},
+		{name: "kopf's, deleting, no opt-in", obj: kopfObject("deleting", true)},
+		{name: "deleting, another finalizer only, opt-in", obj: func() *unstructured.Unstructured {
+			u := kopfObject("other", true)
+			u.SetFinalizers([]string{"example.com/other"})
+			return u
+		}(), optIn: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, Options{RemoveKopfFinalizer: tt.optIn})
+			logger, _ := ktesting.NewTestContext(t)
+			if got := f.ctrl.needsWork(logger, toCached(tt.obj)); got != tt.want {
+				t.Errorf("needsWork = %v, want %v", got, tt.want)
+			}
+			f.ctrl.enqueue(logger, toCached(tt.obj))
+			if n := f.ctrl.queue.Len(); n != map[bool]int{false: 0, true: 1}[tt.want] {
+				t.Errorf("queued %d, want needsWork's answer", n)
+			}
+		})
+	}
+}
+
+func TestNeedsWorkLogsTheFixWithoutOptIn(t *testing.T) {
+	f := newFixture(t, Options{})
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	underlier, ok := logger.GetSink().(ktesting.Underlier)
+	if !ok {
+		t.Fatal("ktesting logger has no buffer")
+	}
+	f.ctrl.needsWork(logger, toCached(kopfObject("stuck", true)))
+	if out := underlier.GetBuffer().String(); !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, "default/stuck") {
+		t.Errorf("log does not name the object and the flag:\n%s", out)
+	}
+}
+
+func TestKopfFinalizerPatch(t *testing.T) {
+	b, err := kopfFinalizerPatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []map[string]any
+	if err := json.Unmarshal(b, &ops); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{
+		{"op": "test", "path": "/metadata/finalizers/1", "value": kopfFinalizer},
+		{"op": "remove", "path": "/metadata/finalizers/1"},
+	}
+	if len(ops) != 2 || ops[0]["op"] != want[0]["op"] || ops[0]["path"] != want[0]["path"] || ops[0]["value"] != want[0]["value"] ||
+		ops[1]["op"] != want[1]["op"] || ops[1]["path"] != want[1]["path"] || len(ops[1]) != 2 {
+		t.Errorf("patch = %s, want test then remove of index 1", b)
+	}
+}
+
+// failedTest is what the apiserver answers a JSON patch whose test failed
+// (k8s.io/apiserver's patch handler builds it so).
+func failedTest() error {
+	return apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "",
+		"testing value /metadata/finalizers/1 failed: test failed", 0, false)
+}
+
+func TestReleaseKopfFinalizer(t *testing.T) {
+	tests := []struct {
+		name       string
+		apiErr     error
+		wantErr    func(error) bool
+		wantCount  float64
+		wantEvents int
+	}{
+		{name: "removed", wantCount: 1, wantEvents: 1},
+		{name: "already gone", apiErr: apierrors.NewNotFound(uuidGVR.GroupResource(), "x")},
+		{name: "finalizers changed: retried as a conflict", apiErr: failedTest(), wantErr: apierrors.IsConflict},
+		{name: "denied by admission: not a conflict", apiErr: apierrors.NewInvalid(schema.GroupKind{Group: "demo.operator", Kind: "Uuid"}, "x", nil),
+			wantErr: func(err error) bool { return apierrors.IsInvalid(err) && !apierrors.IsConflict(err) }, wantEvents: 1},
+		{name: "forbidden", apiErr: apierrors.NewForbidden(uuidGVR.GroupResource(), "x", errors.New("no grant")), wantErr: apierrors.IsForbidden, wantEvents: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj := kopfObject("deleting", true, "example.com/other")
+			f := newFixture(t, Options{RemoveKopfFinalizer: true, NormalEvents: true}, obj)
+			f.client.PrependReactor("patch", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				return true, obj, tt.apiErr
+			})
+			err := f.ctrl.syncHandler(f.ctx, key("default", "deleting"))
+			if (err != nil) != (tt.wantErr != nil) || (err != nil && !tt.wantErr(err)) {
+				t.Fatalf("sync error = %v", err)
+			}
+			ps := f.patches()
+			if len(ps) != 1 {
+				t.Fatalf("%d patches sent, want 1", len(ps))
+			}
+			p := ps[0]
+			if p.GetSubresource() != "" || p.GetPatchType() != types.JSONPatchType {
+				t.Errorf("patch to subresource %q of type %s, want the object itself by JSON patch", p.GetSubresource(), p.GetPatchType())
+			}
+			if !strings.Contains(string(p.GetPatch()), `"path":"/metadata/finalizers/1"`) {
+				t.Errorf("patch %s does not address kopf's finalizer at index 1", p.GetPatch())
+			}
+			if got := testutil.ToFloat64(f.metrics.KopfFinalizersRemoved); got != tt.wantCount {
+				t.Errorf("kopf_finalizers_removed_total = %v, want %v", got, tt.wantCount)
+			}
+			if ev := f.events(); len(ev) != tt.wantEvents {
+				t.Errorf("events = %q, want %d", ev, tt.wantEvents)
+			}
+		})
+	}
+}
+
+// A terminating kopf object without a UUID (kopf failed on it) gets its
+// UUID first; the finalizer goes on the next pass, which the write's own
+// update event brings.
+func TestTerminatingKopfObjectWithoutUUIDGetsOneFirst(t *testing.T) {
+	obj := kopfObject("failed", true)
+	obj.Object["status"] = map[string]any{"state": "Erreur", "message": "boom", "uuid": "NA"}
+	f := newFixture(t, Options{RemoveKopfFinalizer: true}, obj)
+	if err := f.ctrl.syncHandler(f.ctx, key("default", "failed")); err != nil {
+		t.Fatal(err)
+	}
+	ps := f.patches()
+	if len(ps) != 1 || ps[0].GetSubresource() != "status" {
+		t.Fatalf("patches = %v, want one status write", ps)
+	}
+	if _, st := patchStatusOf(t, ps[0]); st.State != StateOk || st.UUID != testUUID {
+		t.Errorf("status written = %+v, want Ok with a UUID", st)
+	}
+}
+
+// Live objects keep kopf's finalizer even with the opt-in: a running kopf
+// would put it back, and a rolled-back one needs it.
+func TestLiveKopfObjectsAreLeftAlone(t *testing.T) {
+	f := newFixture(t, Options{RemoveKopfFinalizer: true}, kopfObject("live", false))
+	if err := f.ctrl.syncHandler(f.ctx, key("default", "live")); err != nil {
+		t.Fatal(err)
+	}
+	if ps := f.patches(); len(ps) != 0 {
+		t.Errorf("%d patches sent to a live kopf object with a UUID, want 0", len(ps))
+	}
+}
+
+func TestRemoveKopfFinalizerFlagIsOptIn(t *testing.T) {
+	if c, err := parse(); err != nil || c.opts.RemoveKopfFinalizer {
+		t.Errorf("default: %v, %v; want off", c, err)
+	}
+	if c, err := parse("--remove-kopf-finalizer"); err != nil || !c.opts.RemoveKopfFinalizer {
+		t.Errorf("--remove-kopf-finalizer: %v, %v; want on", c, err)
+	}
+}

@@ -1,0 +1,441 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+const (
+	kopfFinalizer  = "kopf.zalando.org/KopfFinalizerMarker"
+	kopfAnnotation = "kopf.zalando.org/last-handled-configuration"
+	kopfMessage    = "Création de la ressource réussie"
+	// otherFinalizer stands for anyone else's finalizer.
+	otherFinalizer = "example.com/keep"
+	// controllerUser is the identity deploy/rbac.yaml grants to.
+	controllerUser = "system:serviceaccount:" + cluster.ControllerNamespace + ":" + cluster.ControllerServiceAccount
+)
+
+// kopfHandled leaves ns/name as kopf 1.36 leaves an object it handled
+// (../shared/seed/README.md): three PATCHes of the object itself, in kopf's
+// order: its finalizer (after any the object has), the status (on the
+// main resource: the article's CRD has no status subresource), the
+// annotation.
+func kopfHandled(ctx context.Context, t *testing.T, ns, name, state, id, message string) {
+	t.Helper()
+	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fins, _ := jsonString(append(u.GetFinalizers(), kopfFinalizer))
+	msg, _ := jsonString(message)
+	for _, patch := range []string{
+		`{"metadata":{"finalizers":` + fins + `}}`,
+		fmt.Sprintf(`{"status":{"state":%q,"message":%s,"uuid":%q}}`, state, msg, id),
+		`{"metadata":{"annotations":{"` + kopfAnnotation + `":"{}\n"}}}`,
+	} {
+		if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("kopf's patch %s of %s/%s: %v", patch, ns, name, err)
+		}
+	}
+}
+
+func jsonString(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+// createBare creates ns/name as the article's example is: no spec.
+func createBare(ctx context.Context, t *testing.T, ns, name string, finalizers ...string) {
+	t.Helper()
+	u := newUuid(name)
+	delete(u.Object, "spec")
+	u.SetFinalizers(finalizers)
+	if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// object reads ns/name, nil once it is gone.
+func object(ctx context.Context, t *testing.T, ns, name string) *unstructured.Unstructured {
+	t.Helper()
+	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// waitFor polls cond every 100 ms for up to timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", timeout, what)
+		}
+	}
+}
+
+// deleteUuid deletes ns/name as kubectl delete would.
+func deleteUuid(ctx context.Context, t *testing.T, ns, name string) {
+	t.Helper()
+	if err := uuids(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dropFinalizers clears what the tests leave on their objects.
+func dropFinalizers(ns string, names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range names {
+		_, _ = uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	}
+}
+
+// useKopfMigration applies deploy/kopf-migration/ (the opt-in's RBAC and,
+// withPolicy, its admission policy) until the test ends, and waits until
+// the policy denies the ServiceAccount a change RBAC allows.
+func useKopfMigration(ctx context.Context, t *testing.T, ns string, withPolicy bool) {
+	t.Helper()
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		rbac := env.kube.RbacV1()
+		_ = rbac.ClusterRoleBindings().Delete(ctx, "uuid-controller-kopf-migration", metav1.DeleteOptions{})
+		_ = rbac.ClusterRoles().Delete(ctx, "uuid-controller-kopf-migration", metav1.DeleteOptions{})
+		vap := env.kube.AdmissionregistrationV1()
+		_ = vap.ValidatingAdmissionPolicyBindings().Delete(ctx, "uuid-controller-kopf-migration", metav1.DeleteOptions{})
+		_ = vap.ValidatingAdmissionPolicies().Delete(ctx, "uuid-controller-kopf-migration", metav1.DeleteOptions{})
+	})
+	dir := filepath.Join(root, "deploy", "kopf-migration")
+	if err := env.cluster.Apply(ctx, filepath.Join(dir, "rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if !withPolicy {
+		return
+	}
+	if err := env.cluster.Apply(ctx, filepath.Join(dir, "policy.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	createBare(ctx, t, ns, "policy-probe")
+	sa := saClient(t)
+	waitFor(t, 30*time.Second, "the admission policy denies the ServiceAccount a label", func() bool {
+		_, err := sa.Resource(cluster.UuidGVR).Namespace(ns).Patch(ctx, "policy-probe", types.MergePatchType,
+			[]byte(`{"metadata":{"labels":{"probe":"`+uuid.NewString()[:8]+`"}}}`), metav1.PatchOptions{})
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy")
+	})
+}
+
+// saClient is a dynamic client authenticated as the controller's
+// ServiceAccount.
+func saClient(t *testing.T) dynamic.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", env.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
+}
+
+// TestKopfMigration follows the README's migration on objects in exactly
+// the state kopf leaves them, created through the API on the article's
+// CRD: kopf's UUIDs are kept with zero writes, the objects kopf failed on
+// (state Erreur or Error, uuid NA) get a real UUID and state Ok, deleting
+// hangs on kopf's finalizer until --remove-kopf-finalizer is on and then
+// completes, and nobody else's finalizer and kopf's annotation are never
+// touched.
+func TestKopfMigration(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	useArticleCRD(ctx, t)
+
+	handled := []string{"handled-0", "handled-1", "handled-2", "shared"}
+	kopfUUIDs := map[string]string{}
+	for _, n := range handled {
+		if n == "shared" {
+			createBare(ctx, t, ns, n, otherFinalizer) // kopf's lands after it, at index 1
+		} else {
+			createBare(ctx, t, ns, n)
+		}
+		kopfUUIDs[n] = uuid.NewString()
+		kopfHandled(ctx, t, ns, n, "Ok", kopfUUIDs[n], kopfMessage)
+	}
+	failed := map[string]string{"failed-erreur": "Erreur", "failed-error": "Error"}
+	for n, state := range failed {
+		createBare(ctx, t, ns, n)
+		kopfHandled(ctx, t, ns, n, state, "NA", "Exception ... boom")
+	}
+	// The article's example names no namespace: kubectl puts it in default.
+	const first = "my-first-ressource"
+	if err := env.cluster.Apply(ctx, "testdata/article-example.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	kopfUUIDs[first] = uuid.NewString()
+	kopfHandled(ctx, t, "default", first, "Ok", kopfUUIDs[first], kopfMessage)
+	t.Cleanup(func() {
+		dropFinalizers(ns, append(handled, "failed-erreur", "failed-error")...)
+		dropFinalizers("default", first)
+		_ = uuids("default").Delete(context.Background(), first, metav1.DeleteOptions{})
+	})
+
+	// Step 1 of the migration: kopf is stopped (it never ran here).
+	// Step 2: crd.yaml replaces the article's CRD.
+	if err := env.cluster.InstallCRD(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Step 3: the controller, as deployed (every namespace, its own RBAC).
+	p := startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s")
+	waitUUIDs(ctx, t, ns, []string{"failed-erreur", "failed-error"}, 30*time.Second)
+	for n := range failed {
+		waitWarning(ctx, t, ns, n, "InvalidUUID")
+	}
+	time.Sleep(quiet) // several resyncs
+
+	statusWrites := auditedStatusPatchCodes(t, ns)
+	for _, n := range handled {
+		if u := object(ctx, t, ns, n); u == nil {
+			t.Fatalf("%s is gone", n)
+		} else {
+			checkKopfObject(t, u, kopfUUIDs[n])
+		}
+		if w := statusWrites[n]; len(w) != 0 {
+			t.Errorf("%s: status writes %v to an object kopf gave a UUID, want none", n, w)
+		}
+	}
+	for n := range failed {
+		if w := statusWrites[n]; len(w) != 1 || w[0] != 200 {
+			t.Errorf("%s: status writes %v, want exactly one", n, w)
+		}
+		u := object(ctx, t, ns, n)
+		if msg, _, _ := unstructured.NestedString(u.Object, "status", "message"); msg != "resource created successfully" {
+			t.Errorf("%s: status.message = %q", n, msg)
+		}
+		if fins := u.GetFinalizers(); !slices.Equal(fins, []string{kopfFinalizer}) {
+			t.Errorf("%s: finalizers = %v, want kopf's untouched", n, fins)
+		}
+	}
+	checkKopfObject(t, object(ctx, t, "default", first), kopfUUIDs[first])
+	if w := auditedStatusPatchCodes(t, "default")[first]; len(w) != 0 {
+		t.Errorf("%s: status writes %v, want none", first, w)
+	}
+
+	// Without the opt-in, deleting an object kopf handled hangs, and the
+	// controller says why and what to do.
+	deleteUuid(ctx, t, ns, "handled-0")
+	time.Sleep(quiet)
+	if u := object(ctx, t, ns, "handled-0"); u == nil || u.GetDeletionTimestamp() == nil {
+		t.Fatal("handled-0 was deleted without the opt-in: the test proves nothing")
+	}
+	if out := p.Output(); !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, ns+"/handled-0") {
+		t.Errorf("the log does not say that handled-0 waits for kopf's finalizer and how to release it:\n%s", out)
+	}
+	if code, took := p.Stop(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM (%s)", code, took)
+	}
+
+	// Step 4: the opt-in, with its RBAC and admission policy.
+	useKopfMigration(ctx, t, ns, true)
+	p = startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s", "--remove-kopf-finalizer")
+	waitFor(t, 30*time.Second, "handled-0, deleted while the opt-in was off, is gone", func() bool { return object(ctx, t, ns, "handled-0") == nil })
+	deleteUuid(ctx, t, ns, "shared")
+	waitFor(t, 30*time.Second, "kopf's finalizer leaves shared", func() bool {
+		u := object(ctx, t, ns, "shared")
+		return u != nil && !slices.Contains(u.GetFinalizers(), kopfFinalizer)
+	})
+	deleteUuid(ctx, t, "default", first)
+	waitFor(t, 30*time.Second, first+" is gone", func() bool { return object(ctx, t, "default", first) == nil })
+	time.Sleep(quiet)
+	if u := object(ctx, t, ns, "shared"); u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) {
+		t.Errorf("shared: %v, want it still terminating with the other finalizer alone", u)
+	}
+	for _, n := range []string{"handled-1", "handled-2"} {
+		checkKopfObject(t, object(ctx, t, ns, n), kopfUUIDs[n])
+	}
+
+	// The controller's own writes to objects: one removal per object
+	// deleted, nothing on live ones.
+	removed := auditedObjectWrites(t, ns, controllerUser)
+	removed[first] = auditedObjectWrites(t, "default", controllerUser)[first]
+	for _, n := range []string{"handled-0", "shared", first} {
+		if !slices.Equal(removed[n], []int{200}) {
+			t.Errorf("%s: the controller's writes to the object answered %v, want one 200", n, removed[n])
+		}
+		delete(removed, n)
+	}
+	delete(removed, "policy-probe") // the policy check's own denied probes
+	if len(removed) != 0 {
+		t.Errorf("the controller wrote to live objects: %v", removed)
+	}
+	if v := metricReaches(ctx, t, p, "uuid_controller_kopf_finalizers_removed_total", nil, 3); v != 3 {
+		t.Errorf("kopf_finalizers_removed_total = %v, want 3", v)
+	}
+	for _, n := range handled[1:3] {
+		if w := auditedStatusPatchCodes(t, ns)[n]; len(w) != 0 {
+			t.Errorf("%s: status writes %v, want none", n, w)
+		}
+	}
+	mustStayRunning(t, p)
+}
+
+// checkKopfObject fails unless u is as kopf left it: its UUID, state and
+// message, its finalizer and its annotation.
+func checkKopfObject(t *testing.T, u *unstructured.Unstructured, id string) {
+	t.Helper()
+	if u == nil {
+		t.Fatal("object is gone")
+	}
+	st, _, _ := unstructured.NestedStringMap(u.Object, "status")
+	if st["uuid"] != id || st["state"] != "Ok" || st["message"] != kopfMessage {
+		t.Errorf("%s: status = %v, want kopf's (uuid %s)", u.GetName(), st, id)
+	}
+	if !slices.Contains(u.GetFinalizers(), kopfFinalizer) {
+		t.Errorf("%s: finalizers = %v, kopf's is gone from a live object", u.GetName(), u.GetFinalizers())
+	}
+	if a := u.GetAnnotations()[kopfAnnotation]; a != "{}\n" {
+		t.Errorf("%s: annotation %s = %q, want kopf's {}\\n", u.GetName(), kopfAnnotation, a)
+	}
+}
+
+// TestKopfFinalizerRaceWithKopf: kopf (still running) removes its own
+// finalizer while the controller's removal is in flight. The controller's
+// patch, computed against the old list, must fail its test instead of
+// removing the entry that moved into kopf's place; the object ends with
+// the other finalizer intact. kopf putting its finalizer back on the
+// object being deleted is refused by the apiserver, so the two never
+// ping-pong. The admission policy, which would also stop the wrong
+// removal, is left out: the patch's test must hold on its own.
+func TestKopfFinalizerRaceWithKopf(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	useKopfMigration(ctx, t, ns, false)
+	const name = "raced"
+	createBare(ctx, t, ns, name, kopfFinalizer, otherFinalizer)
+	t.Cleanup(func() { dropFinalizers(ns, name) })
+	if err := patchStatus(ctx, ns, name, `{"status":{"state":"Ok","uuid":"`+uuid.NewString()+`"}}`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Hold the controller's first write to the object itself.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	kc := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/uuid/"+name) {
+			once.Do(func() { close(held); <-release })
+		}
+		return false
+	})
+	startControllerAs(ctx, t, kc, ns, "--remove-kopf-finalizer")
+	deleteUuid(ctx, t, ns, name)
+	<-held
+	// kopf handles the deletion itself: its finalizer goes, the other
+	// moves to index 0.
+	if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`"]}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	time.Sleep(quiet)
+	u := object(ctx, t, ns, name)
+	if u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) {
+		t.Fatalf("after the race: %v, want the object terminating with %s alone", u, otherFinalizer)
+	}
+	codes := auditedObjectWrites(t, ns, controllerUser)[name]
+	if !slices.Contains(codes, 422) {
+		t.Errorf("the controller's writes to %s answered %v: the held patch never failed its test", name, codes)
+	}
+	// kopf re-adding its finalizer is refused on an object being deleted.
+	_, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`","`+kopfFinalizer+`"]}}`), metav1.PatchOptions{})
+	if err == nil || !strings.Contains(err.Error(), "finalizers") {
+		t.Errorf("adding kopf's finalizer back to an object being deleted: %v, want it refused", err)
+	}
+}
+
+// TestKopfMigrationPolicy: with deploy/kopf-migration/ applied, the
+// controller's ServiceAccount may remove kopf's finalizer from an object
+// being deleted, and nothing else: every other change it sends to a Uuid
+// object is denied by the ValidatingAdmissionPolicy, though its RBAC
+// (patch on uuid) would allow it. Its status writes are unaffected.
+func TestKopfMigrationPolicy(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	useKopfMigration(ctx, t, ns, true)
+	createBare(ctx, t, ns, "live", kopfFinalizer)
+	createBare(ctx, t, ns, "deleting", otherFinalizer, kopfFinalizer)
+	t.Cleanup(func() { dropFinalizers(ns, "live", "deleting", "policy-probe") })
+	deleteUuid(ctx, t, ns, "deleting")
+	sa := saClient(t).Resource(cluster.UuidGVR).Namespace(ns)
+	jsonPatch := func(name, ops string) error {
+		_, err := sa.Patch(ctx, name, types.JSONPatchType, []byte(ops), metav1.PatchOptions{})
+		return err
+	}
+	merge := func(name, patch string) error {
+		_, err := sa.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+	denied := []struct {
+		name string
+		try  func() error
+	}{
+		{"a label", func() error { return merge("live", `{"metadata":{"labels":{"a":"b"}}}`) }},
+		{"kopf's annotation", func() error { return merge("live", `{"metadata":{"annotations":{"`+kopfAnnotation+`":null}}}`) }},
+		{"another annotation", func() error { return merge("deleting", `{"metadata":{"annotations":{"a":"b"}}}`) }},
+		{"the spec", func() error { return merge("deleting", `{"spec":{"a":"b"}}`) }},
+		{"kopf's finalizer from a live object", func() error {
+			return jsonPatch("live", `[{"op":"test","path":"/metadata/finalizers/0","value":"`+kopfFinalizer+`"},{"op":"remove","path":"/metadata/finalizers/0"}]`)
+		}},
+		{"another finalizer", func() error {
+			return jsonPatch("deleting", `[{"op":"remove","path":"/metadata/finalizers/0"}]`)
+		}},
+		{"every finalizer", func() error { return merge("deleting", `{"metadata":{"finalizers":null}}`) }},
+	}
+	for _, d := range denied {
+		err := d.try()
+		if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+			t.Errorf("the ServiceAccount changing %s: %v, want it denied by the admission policy", d.name, err)
+		}
+	}
+	for _, n := range []string{"live", "deleting"} {
+		if w := auditedObjectWrites(t, ns, controllerUser)[n]; slices.Contains(w, 200) {
+			t.Errorf("%s: a write of the ServiceAccount went through: %v", n, w)
+		}
+	}
+	if err := jsonPatch("deleting", `[{"op":"test","path":"/metadata/finalizers/1","value":"`+kopfFinalizer+`"},{"op":"remove","path":"/metadata/finalizers/1"}]`); err != nil {
+		t.Errorf("the ServiceAccount removing kopf's finalizer from an object being deleted: %v, want it allowed", err)
+	}
+	if u := object(ctx, t, ns, "deleting"); u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) {
+		t.Errorf("deleting: %v, want only %s left", u, otherFinalizer)
+	}
+	// The status subresource is not the policy's business.
+	_, err := sa.Patch(ctx, "live", types.MergePatchType, []byte(`{"status":{"state":"Ok","uuid":"`+uuid.NewString()+`"}}`), metav1.PatchOptions{}, "status")
+	if err != nil {
+		t.Errorf("the ServiceAccount's status write: %v, want it allowed", err)
+	}
+}
