@@ -17,8 +17,17 @@ import (
 )
 
 // writeServingCert writes a throwaway CA and a serving certificate for
-// 127.0.0.1/localhost signed by it. It returns the CA certificate in PEM.
-func writeServingCert(certFile, keyFile string) (caPEM []byte, err error) {
+// localhost, the kubernetes Service's names and the given IPs, signed by
+// it. It returns the CA certificate in PEM.
+func writeServingCert(certFile, keyFile string, ips []string) (caPEM []byte, err error) {
+	var ipAddrs []net.IP
+	for _, s := range ips {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("serving certificate: bad IP %q", s)
+		}
+		ipAddrs = append(ipAddrs, ip)
+	}
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -53,7 +62,7 @@ func writeServingCert(certFile, keyFile string) (caPEM []byte, err error) {
 		NotAfter:     now.Add(7 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+		IPAddresses:  ipAddrs,
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
