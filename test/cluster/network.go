@@ -143,10 +143,13 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 	for _, l := range base.rules[ipt+"-save"] {
 		if t, ok := strings.CutPrefix(l, "*"); ok {
 			saved = t
+			baseline["*"+t] = true
 			continue
 		}
 		baseline[saved+" "+l] = true
 	}
+	version, _ := run(ctx, ipt, "-V")
+	family := map[string]string{"iptables": "ip", "ip6tables": "ip6"}[ipt]
 	var errs []error
 	for _, table := range []string{"raw", "mangle", "nat", "filter", "security"} {
 		lines, err := cmdLines(ctx, ipt, "-w", "-t", table, "-S")
@@ -178,8 +181,31 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 				errs = append(errs, err)
 			}
 		}
+		// With the nf_tables backend, using a table creates it; one the
+		// baseline did not have goes once it holds nothing of anyone's.
+		if !baseline["*"+table] && strings.Contains(version, "nf_tables") && nftTableExists(ctx, family, table) {
+			if rest, err := cmdLines(ctx, ipt, "-w", "-t", table, "-S"); err == nil && onlyAcceptPolicies(rest) {
+				if _, err := run(ctx, "nft", "delete", "table", family, table); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func nftTableExists(ctx context.Context, family, table string) bool {
+	tables, err := cmdLines(ctx, "nft", "list", "tables")
+	return err == nil && slices.Contains(tables, "table "+family+" "+table)
+}
+
+func onlyAcceptPolicies(rules []string) bool {
+	for _, r := range rules {
+		if !strings.HasPrefix(r, "-P ") || !strings.HasSuffix(r, " ACCEPT") {
+			return false
+		}
+	}
+	return true
 }
 
 // splitRule splits an `iptables -S` line into arguments, honouring the

@@ -1,0 +1,185 @@
+//go:build node
+
+package node
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// TestLeaderPodDeleted: the leader pod deleted (a normal graceful delete,
+// as a drain or `kubectl delete pod` does) exits 0 and releases the Lease;
+// the standby takes over within the lease duration; objects created
+// meanwhile get their UUIDs, one write each; a watch sees no UUID change.
+func TestLeaderPodDeleted(t *testing.T) {
+	ctx := testCtx(t)
+	if err := waitRolledOut(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease, leaderName, err := leaseHolder(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := controllerPods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leader *corev1.Pod
+	standby := ""
+	for i := range pods {
+		if pods[i].Name == leaderName {
+			leader = &pods[i]
+		} else {
+			standby = pods[i].Name
+		}
+	}
+	if leader == nil || standby == "" {
+		t.Fatalf("pods %d, leader %q: want the leader and a standby", len(pods), leaderName)
+	}
+	leaseDuration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+
+	objNS := newNamespace(ctx, t, "takeover")
+	before := createUuids(ctx, t, objNS, "before", 20)
+	waitUUIDs(ctx, t, objNS, len(before), time.Minute)
+	ids := watchUUIDs(ctx, t, objNS)
+	leases := watchLease(ctx, t)
+	exit := watchExitCode(t, leader)
+
+	deleted := time.Now()
+	if err := env.kube.CoreV1().Pods(ns).Delete(ctx, leader.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createUuids(ctx, t, objNS, "during", 20)
+
+	var tookOver time.Time
+	if err := poll(ctx, 2*leaseDuration, "the standby to take the lease", func(context.Context) error {
+		for _, o := range leases.observations() {
+			if strings.HasPrefix(o.holder, standby+"_") {
+				tookOver = o.at
+				return nil
+			}
+		}
+		return fmt.Errorf("lease holders seen: %v", holders(leases.observations()))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if took := tookOver.Sub(deleted); took > leaseDuration {
+		t.Errorf("the standby took over %s after the delete, more than the lease duration %s", took, leaseDuration)
+	} else {
+		t.Logf("the standby took over %s after the delete (lease duration %s)", took.Round(time.Millisecond), leaseDuration)
+	}
+	released := false
+	for _, o := range leases.observations() {
+		if o.at.After(deleted) && o.holder == "" {
+			released = true
+		}
+		if strings.HasPrefix(o.holder, standby+"_") {
+			break
+		}
+	}
+	if !released {
+		t.Errorf("the deleted leader did not release the Lease before the standby took it: holders %v", holders(leases.observations()))
+	}
+
+	waitUUIDs(ctx, t, objNS, 40, time.Minute)
+	for name, n := range statusWrites(t, objNS) {
+		if n != 1 {
+			t.Errorf("%s/%s: %d status writes, want 1", objNS, name, n)
+		}
+	}
+	ids.check(t)
+	code, err := exit.wait(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 {
+		t.Errorf("the deleted leader's container exited %d, want 0", code)
+	}
+	if err := waitRolledOut(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func holders(obs []leaseObservation) []string {
+	var out []string
+	for _, o := range obs {
+		if len(out) == 0 || out[len(out)-1] != o.holder {
+			out = append(out, o.holder)
+		}
+	}
+	return out
+}
+
+// exitWatch catches a pod's container exit code, which the kubelet
+// reports in the pod's status before the pod is gone.
+type exitWatch struct {
+	mu   sync.Mutex
+	code *int32
+	done chan struct{}
+}
+
+func watchExitCode(t *testing.T, p *corev1.Pod) *exitWatch {
+	t.Helper()
+	w, err := env.kube.CoreV1().Pods(p.Namespace).Watch(t.Context(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", p.Name).String(), ResourceVersion: p.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ew := &exitWatch{done: make(chan struct{})}
+	t.Cleanup(w.Stop)
+	go func() {
+		defer close(ew.done)
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok || pod.UID != p.UID {
+				continue
+			}
+			for _, cs := range pod.Status.ContainerStatuses {
+				if term := cs.State.Terminated; term != nil {
+					ew.mu.Lock()
+					ew.code = &term.ExitCode
+					ew.mu.Unlock()
+					return
+				}
+			}
+			if ev.Type == watch.Deleted {
+				return
+			}
+		}
+	}()
+	return ew
+}
+
+// wait returns the exit code, or an error if the pod went away (or the
+// timeout passed) without the kubelet reporting one.
+func (ew *exitWatch) wait(timeout time.Duration) (int32, error) {
+	select {
+	case <-ew.done:
+	case <-time.After(timeout):
+	}
+	ew.mu.Lock()
+	defer ew.mu.Unlock()
+	if ew.code == nil {
+		return 0, fmt.Errorf("no exit code reported for the deleted pod within %s", timeout)
+	}
+	return *ew.code, nil
+}
+
+// runCmd runs a host command and returns its combined output.
+func runCmd(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
