@@ -143,7 +143,7 @@ func crdCondition(crd *unstructured.Unstructured, typ string) bool {
 func (c *Cluster) Apply(ctx context.Context, paths ...string) error {
 	var objs []*unstructured.Unstructured
 	for _, p := range paths {
-		o, err := readObjects(p)
+		o, err := ReadObjects(p)
 		if err != nil {
 			return err
 		}
@@ -199,7 +199,9 @@ func applyOne(ctx context.Context, dyn dynamic.Interface, mapper *restmapper.Def
 	}
 }
 
-func readObjects(path string) ([]*unstructured.Unstructured, error) {
+// ReadObjects decodes the objects in a YAML or JSON manifest file, skipping
+// empty documents.
+func ReadObjects(path string) ([]*unstructured.Unstructured, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)

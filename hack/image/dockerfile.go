@@ -1,0 +1,251 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/linter"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
+	"github.com/moby/buildkit/frontend/dockerfile/shell"
+)
+
+// spec is what the Dockerfile's final stage says the image holds. The
+// Dockerfile is the one source of truth: this tool reproduces its final stage
+// and refuses any Dockerfile it could not reproduce exactly, so docker and
+// `make image` cannot drift apart.
+type spec struct {
+	User       string
+	Entrypoint []string
+	Ports      []string // as EXPOSE wrote them, e.g. "8080" or "53/udp"
+
+	// Copies from the build context, in Dockerfile order.
+	ContextCopies []contextCopy
+
+	// Binary is where the final stage puts the binary the build stage built.
+	Binary string
+	// Build is the build stage's `go build` command that produced it.
+	Build goBuild
+}
+
+type contextCopy struct {
+	Sources []string // relative to the build context
+	Dest    string   // absolute path in the image
+}
+
+// goBuild is a `go build` command line from a RUN instruction.
+type goBuild struct {
+	Env     map[string]string // assignments before `go`, e.g. CGO_ENABLED=0
+	Flags   map[string]string // build flags that end up in the binary's build info
+	Output  string            // -o
+	Package string
+}
+
+// parseDockerfile reads a Dockerfile whose final stage is `FROM scratch` and
+// holds only COPY, USER, EXPOSE and an exec-form ENTRYPOINT.
+func parseDockerfile(r io.Reader) (*spec, error) {
+	ast, err := parser.Parse(r)
+	if err != nil {
+		return nil, fmt.Errorf("parsing Dockerfile: %w", err)
+	}
+	var lintErrs []string
+	lint := linter.New(&linter.Config{Warn: func(rule, _, _, msg string, _ []parser.Range) {
+		lintErrs = append(lintErrs, rule+": "+msg)
+	}})
+	stages, metaArgs, err := instructions.Parse(ast.AST, lint)
+	if err != nil {
+		return nil, fmt.Errorf("parsing Dockerfile: %w", err)
+	}
+	if len(lintErrs) > 0 {
+		return nil, fmt.Errorf("Dockerfile lint: %s", strings.Join(lintErrs, "; "))
+	}
+	if len(metaArgs) > 0 {
+		// A build argument could change the image between docker and here.
+		return nil, fmt.Errorf("Dockerfile: ARG before FROM is not supported: the image must not depend on build arguments")
+	}
+	if len(stages) == 0 {
+		return nil, fmt.Errorf("Dockerfile: no FROM")
+	}
+	if err := checkPinned(stages); err != nil {
+		return nil, err
+	}
+	final := stages[len(stages)-1]
+	if final.BaseName != "scratch" {
+		return nil, fmt.Errorf("Dockerfile: final stage is FROM %s; only FROM scratch can be reproduced without a container engine", final.BaseName)
+	}
+	if final.Platform != "" {
+		return nil, fmt.Errorf("Dockerfile: final stage sets --platform %s; the binary's own GOOS/GOARCH decide the platform", final.Platform)
+	}
+
+	s := &spec{}
+	var binaryStage string
+	for _, cmd := range final.Commands {
+		switch c := cmd.(type) {
+		case *instructions.CopyCommand:
+			if c.Chown != "" || c.Chmod != "" || len(c.SourceContents) > 0 || c.Parents || len(c.ExcludePatterns) > 0 {
+				return nil, fmt.Errorf("Dockerfile line %d: COPY with --chown, --chmod, --parents, --exclude or a heredoc is not supported", line(c))
+			}
+			if !path.IsAbs(c.DestPath) {
+				return nil, fmt.Errorf("Dockerfile line %d: COPY destination %q must be absolute", line(c), c.DestPath)
+			}
+			if c.From == "" {
+				s.ContextCopies = append(s.ContextCopies, contextCopy{Sources: c.SourcePaths, Dest: c.DestPath})
+				continue
+			}
+			if s.Binary != "" {
+				return nil, fmt.Errorf("Dockerfile line %d: a second COPY --from; the image holds one binary", line(c))
+			}
+			if len(c.SourcePaths) != 1 {
+				return nil, fmt.Errorf("Dockerfile line %d: COPY --from must copy exactly one file, the binary", line(c))
+			}
+			binaryStage = c.From
+			s.Binary = c.DestPath
+			if strings.HasSuffix(c.DestPath, "/") {
+				s.Binary = path.Join(c.DestPath, path.Base(c.SourcePaths[0]))
+			}
+			build, err := findGoBuild(stages[:len(stages)-1], binaryStage, c.SourcePaths[0])
+			if err != nil {
+				return nil, err
+			}
+			s.Build = *build
+		case *instructions.UserCommand:
+			s.User = c.User
+		case *instructions.ExposeCommand:
+			s.Ports = append(s.Ports, c.Ports...)
+		case *instructions.EntrypointCommand:
+			if c.PrependShell {
+				return nil, fmt.Errorf("Dockerfile line %d: ENTRYPOINT must be in exec form ([\"/binary\"]): the image has no shell", line(c))
+			}
+			s.Entrypoint = c.CmdLine
+		default:
+			return nil, fmt.Errorf("Dockerfile line %d: %q in the final stage is not supported (only COPY, USER, EXPOSE, ENTRYPOINT)", line(cmd), cmd.Name())
+		}
+	}
+	switch {
+	case s.Binary == "":
+		return nil, fmt.Errorf("Dockerfile: the final stage copies no binary from a build stage (COPY --from=...)")
+	case len(s.Entrypoint) == 0:
+		return nil, fmt.Errorf("Dockerfile: the final stage has no ENTRYPOINT")
+	case s.User == "":
+		return nil, fmt.Errorf("Dockerfile: the final stage has no USER, so the image would run as root")
+	}
+	return s, nil
+}
+
+// checkPinned refuses a base image named by tag alone: a tag moves, so the
+// same Dockerfile would build something else next month (cert-manager pins
+// its bases by digest for the same reason).
+func checkPinned(stages []instructions.Stage) error {
+	earlier := map[string]bool{}
+	for _, st := range stages {
+		if st.BaseName != "scratch" && !earlier[st.BaseName] && !strings.Contains(st.BaseName, "@sha256:") {
+			return fmt.Errorf("Dockerfile line %d: FROM %s is not pinned by digest (name:tag@sha256:...)", st.Location[0].Start.Line, st.BaseName)
+		}
+		earlier[st.Name] = true
+	}
+	return nil
+}
+
+// findGoBuild finds the RUN in the named build stage whose `go build -o`
+// writes the file the final stage copies.
+func findGoBuild(stages []instructions.Stage, name, output string) (*goBuild, error) {
+	for _, st := range stages {
+		if st.Name != name {
+			continue
+		}
+		for _, cmd := range st.Commands {
+			run, ok := cmd.(*instructions.RunCommand)
+			if !ok || !run.PrependShell || len(run.CmdLine) != 1 || !strings.Contains(run.CmdLine[0], "go build") {
+				continue
+			}
+			b, err := parseGoBuild(run.CmdLine[0])
+			if err != nil {
+				return nil, fmt.Errorf("Dockerfile line %d: %w", line(run), err)
+			}
+			if b.Output == output {
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("Dockerfile: stage %q has no RUN go build -o %s", name, output)
+	}
+	return nil, fmt.Errorf("Dockerfile: COPY --from=%s names no earlier stage", name)
+}
+
+// Build flags that take a value, and whether the binary records them. Flags
+// outside this list are refused rather than ignored, so a new flag in the
+// Dockerfile cannot slip past the comparison.
+var goBuildFlags = map[string]struct{ value, recorded bool }{
+	"-trimpath": {false, true},
+	"-race":     {false, true},
+	"-ldflags":  {true, true},
+	"-gcflags":  {true, true},
+	"-asmflags": {true, true},
+	"-tags":     {true, true},
+	"-o":        {true, false},
+	"-mod":      {true, false},
+	"-buildvcs": {true, false},
+}
+
+// parseGoBuild splits `[VAR=value ...] go build [flags] [package]` as a shell
+// would.
+func parseGoBuild(cmdline string) (*goBuild, error) {
+	words, err := shell.NewLex('\\').ProcessWords(cmdline, shell.EnvsFromSlice(nil))
+	if err != nil {
+		return nil, fmt.Errorf("splitting %q: %w", cmdline, err)
+	}
+	b := &goBuild{Env: map[string]string{}, Flags: map[string]string{}}
+	for len(words) > 0 && strings.Contains(words[0], "=") {
+		k, v, _ := strings.Cut(words[0], "=")
+		b.Env[k] = v
+		words = words[1:]
+	}
+	if len(words) < 2 || words[0] != "go" || words[1] != "build" {
+		return nil, fmt.Errorf("%q: expected [VAR=value ...] go build [flags] [package], with nothing chained", cmdline)
+	}
+	words = words[2:]
+	for len(words) > 0 && strings.HasPrefix(words[0], "-") {
+		name, value, hasValue := strings.Cut(words[0], "=")
+		name = "-" + strings.TrimLeft(name, "-")
+		f, known := goBuildFlags[name]
+		if !known {
+			return nil, fmt.Errorf("%q: go build flag %s is not supported here", cmdline, name)
+		}
+		words = words[1:]
+		switch {
+		case f.value && !hasValue:
+			if len(words) == 0 {
+				return nil, fmt.Errorf("%q: %s needs a value", cmdline, name)
+			}
+			value, words = words[0], words[1:]
+		case !f.value && !hasValue:
+			value = "true"
+		}
+		if name == "-o" {
+			b.Output = value
+		} else if f.recorded {
+			b.Flags[name] = value
+		}
+	}
+	if len(words) > 1 {
+		return nil, fmt.Errorf("%q: one package expected, got %v", cmdline, words)
+	}
+	if len(words) == 1 {
+		b.Package = words[0]
+	}
+	if b.Output == "" {
+		return nil, fmt.Errorf("%q: no -o", cmdline)
+	}
+	if b.Env["CGO_ENABLED"] != "0" {
+		return nil, fmt.Errorf("%q: CGO_ENABLED=0 is required: FROM scratch has no libc", cmdline)
+	}
+	return b, nil
+}
+
+func line(cmd instructions.Command) int {
+	if loc := cmd.Location(); len(loc) > 0 {
+		return loc[0].Start.Line
+	}
+	return 0
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func buildPause(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "pause")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestExitsZeroOnSignal(t *testing.T) {
+	bin := buildPause(t)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		cmd := exec.Command(bin)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		// A SIGCHLD (no child exited) must not end it.
+		time.Sleep(200 * time.Millisecond)
+		if err := cmd.Process.Signal(syscall.SIGCHLD); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("exited on SIGCHLD: %v", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%v: exit %v, want 0", sig, err)
+			}
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v: still running after 10 s", sig)
+		}
+	}
+}
+
+// As PID 1 of its own PID namespace, as in a pod, pause inherits orphans and
+// must reap them, or they stay zombies for the pod's life.
+func TestReapsOrphans(t *testing.T) {
+	bin := buildPause(t)
+	// unshare forks pause as PID 1 of a new PID namespace.
+	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", bin)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	pausePID := waitFor(t, "pause under unshare", func() int { return childOf(t, cmd.Process.Pid) })
+
+	// sh starts sleep in pause's namespace and exits at once, so sleep is
+	// orphaned and reparented to pause. Its output goes to /dev/null, or it would
+	// hold the pipe CombinedOutput waits on.
+	orphaner := exec.Command("nsenter", "--target", strconv.Itoa(pausePID), "--pid", "--", "sh", "-c", "sleep 2 >/dev/null 2>&1 & exit 0")
+	if out, err := orphaner.CombinedOutput(); err != nil {
+		t.Fatalf("nsenter: %v\n%s", err, out)
+	}
+	sleepPID := waitFor(t, "the orphan under pause", func() int { return childOf(t, pausePID) })
+	// Once sleep exits, nothing but pause can reap it.
+	waitFor(t, "the orphan reaped", func() int {
+		if childOf(t, pausePID) == 0 {
+			return 1
+		}
+		return 0
+	})
+	if _, err := os.Stat("/proc/" + strconv.Itoa(sleepPID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphan %d still in /proc: %v", sleepPID, err)
+	}
+}
+
+// childOf returns a child of parent (any state, zombies included), or 0.
+func childOf(t *testing.T, parent int) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid ...; comm may hold spaces, so split after ')'.
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(parent) {
+			return pid
+		}
+	}
+	return 0
+}
+
+func waitFor(t *testing.T, what string, f func() int) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if v := f(); v != 0 {
+			return v
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+	return 0
+}
