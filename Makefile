@@ -148,3 +148,12 @@ node-deps:
 		echo "installing:" $$missing; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
 	fi
+
+.PHONY: node-e2e
+## node-e2e: the node tests (test/node, and test/cluster's node network test): a real
+##           single node on this machine runs deploy/ as Pods. Needs root; builds the
+##           node's binaries and both images, installs the Debian packages when missing.
+node-e2e: node-deps node-tools image pause-image
+	go vet -tags node ./test/cluster/ ./test/node/
+	go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/
+	go test -tags node -count=1 -p 1 -timeout 40m -v ./test/node/

@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -101,32 +100,12 @@ func setup() error {
 	if env.kube, err = kubernetes.NewForConfig(cfg); err != nil {
 		return err
 	}
-	// As a user would: kubectl apply -k deploy/, with the image built here.
-	overlay, err := kustomizeOverlay()
-	if err != nil {
-		return err
-	}
-	if out, err := kubectl(ctx, "apply", "-k", overlay); err != nil {
-		return fmt.Errorf("kubectl apply -k: %w\n%s", err, out)
+	// As a user would. The kustomization's image is the one `make image`
+	// tags (uuid-controller:dev), already in the node's containerd.
+	if out, err := kubectl(ctx, "apply", "-k", "deploy/"); err != nil {
+		return fmt.Errorf("kubectl apply -k deploy/: %w\n%s", err, out)
 	}
 	return waitRolledOut(ctx)
-}
-
-// kustomizeOverlay writes a kustomization over deploy/ that sets the
-// image to the one `make image` built, as `make deploy IMG=...` does, and
-// returns its dir.
-func kustomizeOverlay() (string, error) {
-	dir := filepath.Join(env.cluster.Dir(), "overlay")
-	rel, err := filepath.Rel(dir, filepath.Join(env.root, "deploy"))
-	if err != nil {
-		return "", err
-	}
-	name, tag, _ := strings.Cut(controllerImage, ":")
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%q]\nimages:\n  - name: %s\n    newTag: %s\n", rel, name, tag)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 
 // kubectl runs bin/kubectl as admin and returns its combined output.
