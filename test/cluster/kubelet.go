@@ -71,18 +71,19 @@ var kubeletSysctls = map[string]string{
 // their parent mounts are made slaves first, in case the machine's are
 // shared. /var/lib and /var/log get a tmpfs because the kubelet writes to
 // /var/lib/kubelet/device-plugins and /var/log/containers whatever its
-// flags say.
+// flags say. mount -n: libmount would otherwise create /run/mount on the
+// machine.
 func kubeletNamespaceScript(sysctlDir string) string {
 	var b strings.Builder
 	b.WriteString("set -eu\n")
 	for _, t := range []string{"/", "/proc", "/var/lib", "/var/log"} {
-		fmt.Fprintf(&b, "mount --make-slave \"$(findmnt -n -o TARGET -T %s)\"\n", t)
+		fmt.Fprintf(&b, "mount -n --make-slave \"$(findmnt -n -o TARGET -T %s)\"\n", t)
 	}
 	for key := range kubeletSysctls {
-		fmt.Fprintf(&b, "mount --bind %s /proc/sys/%s\n", filepath.Join(sysctlDir, strings.ReplaceAll(key, "/", ".")), key)
+		fmt.Fprintf(&b, "mount -n --bind %s /proc/sys/%s\n", filepath.Join(sysctlDir, strings.ReplaceAll(key, "/", ".")), key)
 	}
-	b.WriteString("mount -t tmpfs -o mode=0755,size=64m uuid-node-var-lib /var/lib\n")
-	b.WriteString("mount -t tmpfs -o mode=0755,size=64m uuid-node-var-log /var/log\n")
+	b.WriteString("mount -n -t tmpfs -o mode=0755,size=64m uuid-node-var-lib /var/lib\n")
+	b.WriteString("mount -n -t tmpfs -o mode=0755,size=64m uuid-node-var-log /var/log\n")
 	b.WriteString("exec \"$@\"\n")
 	return b.String()
 }
@@ -127,12 +128,15 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err := os.WriteFile(script, []byte(kubeletNamespaceScript(sysctlDir)), 0o700); err != nil {
 		return err
 	}
-	args := []string{"--mount", "--propagation", "unchanged", "--", "/bin/sh", script, "kubelet-ns",
+	args := []string{"--mount", "--propagation", "unchanged", "--", "/bin/sh", script,
 		filepath.Join(c.binDir, KubeletBinary),
 		"--config", cfg, "--kubeconfig", c.adminKC, "--root-dir", root, "--cert-dir", filepath.Join(d, "pki"),
 		"--hostname-override", NodeName, "--node-ip", NodeIP,
 	}
-	p, err := c.spawnPath(KubeletBinary, "unshare", args, nil)
+	// The kubelet mounts volumes with mount(8), whose libmount records
+	// them in /run/mount/utab: kept in the node's dir instead.
+	env := []string{"LIBMOUNT_UTAB=" + filepath.Join(d, "utab")}
+	p, err := c.spawnPath(KubeletBinary, "unshare", args, env)
 	if err != nil {
 		return err
 	}

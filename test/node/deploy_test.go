@@ -65,7 +65,7 @@ func TestReplicasRunningOneLeader(t *testing.T) {
 
 // TestNamespaceEnforcesRestricted: deploy/namespace.yaml labels the
 // controller's namespace with Pod Security "restricted", the apiserver
-// enforces it (a privileged pod is refused), and the Deployment's pods
+// enforces it (a pod without a security context is refused), and the Deployment's pods
 // were admitted under it.
 func TestNamespaceEnforcesRestricted(t *testing.T) {
 	ctx := testCtx(t)
@@ -76,16 +76,15 @@ func TestNamespaceEnforcesRestricted(t *testing.T) {
 	if got := n.Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
 		t.Fatalf("namespace %s: pod-security.kubernetes.io/enforce = %q, want restricted", ns, got)
 	}
-	privileged := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "privileged", Namespace: ns},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "c", Image: controllerImage,
-			SecurityContext: &corev1.SecurityContext{Privileged: new(true)},
-		}}},
+	// A pod with no security context: it may run as root, escalate and
+	// keep its capabilities, which "baseline" allows and "restricted" not.
+	plain := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: controllerImage}}},
 	}
-	_, err = env.kube.CoreV1().Pods(ns).Create(ctx, privileged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, err = env.kube.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
-		t.Fatalf("privileged pod in %s: err = %v, want Forbidden by PodSecurity restricted", ns, err)
+		t.Fatalf("pod without a security context in %s: err = %v, want Forbidden by PodSecurity restricted", ns, err)
 	}
 	if err := waitRolledOut(ctx); err != nil {
 		t.Fatal(err)

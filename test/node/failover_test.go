@@ -43,9 +43,10 @@ func TestLeaderPodDeleted(t *testing.T) {
 			standby = pods[i].Name
 		}
 	}
-	if leader == nil || standby == "" {
-		t.Fatalf("pods %d, leader %q: want the leader and a standby", len(pods), leaderName)
+	if leader == nil || standby == "" || len(pods) != 2 {
+		t.Fatalf("%d pods, leader %q: want the leader and a standby", len(pods), leaderName)
 	}
+	t.Logf("leader %s, standby %s", leaderName, standby)
 	leaseDuration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
 
 	objNS := newNamespace(ctx, t, "takeover")
