@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 )
@@ -61,6 +62,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 			removed += len(r.Verbs) - len(cr.Rules[i].Verbs)
 		}
 	}
+	cr.Rules = slices.DeleteFunc(cr.Rules, func(r rbacv1.PolicyRule) bool { return len(r.Verbs) == 0 })
 	if removed != 2 {
 		t.Fatalf("the ClusterRole grants list and watch on uuid %d times, want 2: %+v", removed, cr.Rules)
 	}
