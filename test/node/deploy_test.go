@@ -16,20 +16,8 @@ import (
 // them holds the Lease and says so in its log, the other waits for it.
 func TestReplicasRunningOneLeader(t *testing.T) {
 	ctx := testCtx(t)
-	if err := waitRolledOut(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pods, err := controllerPods(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pods) != 2 {
-		t.Fatalf("%d pods, want the Deployment's 2", len(pods))
-	}
-	_, holder, err := leaseHolder(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := rolledOutReplicas(ctx, t)
+	pods, holder := d.pods, d.leader.Name
 	leaders := 0
 	for i := range pods {
 		p := &pods[i]

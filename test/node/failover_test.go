@@ -24,29 +24,8 @@ import (
 // meanwhile get their UUIDs, one write each; a watch sees no UUID change.
 func TestLeaderPodDeleted(t *testing.T) {
 	ctx := testCtx(t)
-	if err := waitRolledOut(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lease, leaderName, err := leaseHolder(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := controllerPods(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var leader *corev1.Pod
-	standby := ""
-	for i := range pods {
-		if pods[i].Name == leaderName {
-			leader = &pods[i]
-		} else {
-			standby = pods[i].Name
-		}
-	}
-	if leader == nil || standby == "" || len(pods) != 2 {
-		t.Fatalf("%d pods, leader %q: want the leader and a standby", len(pods), leaderName)
-	}
+	d := rolledOutReplicas(ctx, t)
+	leader, leaderName, standby, lease := d.leader, d.leader.Name, d.standby.Name, d.lease
 	t.Logf("leader %s, standby %s", leaderName, standby)
 	leaseDuration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
 

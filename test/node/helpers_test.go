@@ -82,6 +82,43 @@ func rolledOut(d *appsv1.Deployment) error {
 	return nil
 }
 
+// deployed is the Deployment at rest: rolled out, its two pods, which of
+// them holds the Lease, and the Lease.
+type deployed struct {
+	pods            []corev1.Pod
+	leader, standby *corev1.Pod
+	lease           *coordinationv1.Lease
+}
+
+// rolledOutReplicas waits until the Deployment is rolled out and returns its pods
+// and leader.
+func rolledOutReplicas(ctx context.Context, t *testing.T) deployed {
+	t.Helper()
+	if err := waitRolledOut(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := controllerPods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, holder, err := leaseHolder(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deployed{pods: pods, lease: lease}
+	for i := range pods {
+		if pods[i].Name == holder {
+			d.leader = &pods[i]
+		} else {
+			d.standby = &pods[i]
+		}
+	}
+	if len(pods) != 2 || d.leader == nil || d.standby == nil {
+		t.Fatalf("%d pods, the Lease held by %q: want the Deployment's 2, one of them the leader", len(pods), holder)
+	}
+	return d
+}
+
 // controllerPods lists the Deployment's pods that are not being deleted.
 func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
 	l, err := env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: appLabel})

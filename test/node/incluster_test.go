@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -25,17 +24,7 @@ import (
 // translated to the apiserver on the bridge.
 func TestExampleFromInClusterLeader(t *testing.T) {
 	ctx := testCtx(t)
-	if err := waitRolledOut(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, holder, err := leaseHolder(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader, err := env.kube.CoreV1().Pods(ns).Get(ctx, holder, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the Lease's holder %q: %v", holder, err)
-	}
+	leader := rolledOutReplicas(ctx, t).leader
 
 	if out, err := kubectl(ctx, "apply", "-f", "examples/uuid.yaml"); err != nil {
 		t.Fatalf("kubectl apply -f examples/uuid.yaml: %v\n%s", err, out)

@@ -30,26 +30,8 @@ import (
 // rightly Ready.
 func TestReadinessFollowsInformer(t *testing.T) {
 	ctx := testCtx(t)
-	if err := waitRolledOut(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, holder, err := leaseHolder(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods, err := controllerPods(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	standby := ""
-	for _, p := range pods {
-		if p.Name != holder {
-			standby = p.Name
-		}
-	}
-	if standby == "" {
-		t.Fatalf("no standby among %d pods", len(pods))
-	}
+	d := rolledOutReplicas(ctx, t)
+	holder, standby := d.leader.Name, d.standby.Name
 
 	cr, err := env.kube.RbacV1().ClusterRoles().Get(ctx, "uuid-controller", metav1.GetOptions{})
 	if err != nil {

@@ -15,14 +15,7 @@ import (
 // filesystem: what the image and the Deployment ask for, as the kernel
 // applies it.
 func TestRunsAsNonRootReadOnly(t *testing.T) {
-	ctx := testCtx(t)
-	if err := waitRolledOut(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pods, err := controllerPods(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pods := rolledOutReplicas(testCtx(t), t).pods
 	for i := range pods {
 		p := &pods[i]
 		pid := containerPID(t, p)
