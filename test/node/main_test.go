@@ -22,7 +22,10 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,26 +58,54 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// An interrupted run (Ctrl-C, a cancelled CI job) still tears the node
+	// down: its bridge, routes and rules outlive the test binary.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		fmt.Fprintln(os.Stderr, "node: interrupted by", sig, "- tearing the node down")
+		stopCluster()
+		os.Exit(1)
+	}()
+
 	start := time.Now()
 	if err := setup(); err != nil {
 		fmt.Fprintln(os.Stderr, "node setup:", err)
-		if env.cluster != nil {
-			if err := env.cluster.Stop(); err != nil {
-				fmt.Fprintln(os.Stderr, "node: stop:", err)
-			}
-		}
+		stopCluster()
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "node: node up and deploy/ rolled out in %s\n", time.Since(start).Round(time.Second))
 	code := m.Run()
-	stopStart := time.Now()
-	if err := env.cluster.Stop(); err != nil {
-		// Teardown is part of the test: the machine must be as before.
-		fmt.Fprintln(os.Stderr, "node: FAIL: stop:", err)
+	if !stopCluster() {
 		code = 1
 	}
-	fmt.Fprintf(os.Stderr, "node: teardown and machine check took %s\n", time.Since(stopStart).Round(time.Second))
 	return code
+}
+
+var (
+	stopOnce sync.Once
+	stopOK   bool
+)
+
+// stopCluster stops the node once; a second caller waits for the first.
+// Teardown is part of the test: it reports false when the machine is not
+// as it was before the node.
+func stopCluster() bool {
+	stopOnce.Do(func() {
+		if env.cluster == nil {
+			stopOK = true
+			return
+		}
+		start := time.Now()
+		if err := env.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "node: FAIL: stop:", err)
+			return
+		}
+		stopOK = true
+		fmt.Fprintf(os.Stderr, "node: teardown and machine check took %s\n", time.Since(start).Round(time.Second))
+	})
+	return stopOK
 }
 
 func setup() error {
