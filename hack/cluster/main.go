@@ -4,6 +4,7 @@
 //	go run ./hack/cluster                       # until Ctrl-C
 //	go run ./hack/cluster -- kubectl get uuid   # run a command against it, then stop
 //	go run ./hack/cluster -node                 # with a node that runs Pods (root)
+//	go run ./hack/cluster -node-cleanup         # after a node's process was killed
 //
 // With a command after "--", the command runs with KUBECONFIG set and the
 // bin dir first in PATH; the cluster stops when it ends and this program
@@ -38,6 +39,7 @@ func run() int {
 	node := flag.Bool("node", false, "also run a node (kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy) so Deployments run as Pods; needs root, `make node-tools node-deps image`")
 	pauseImage := flag.String("pause-image", "bin/pause.tar", "with -node: the pod sandbox image archive")
 	images := flag.String("images", "bin/uuid-controller.tar", "with -node: comma-separated image archives to load into the node's containerd")
+	cleanup := flag.Bool("node-cleanup", false, "remove what a node whose process was killed left on the machine (processes, cgroups, mounts, bridge, route, iptables rules), then exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] [-- command [args...]]\n", os.Args[0])
 		flag.PrintDefaults()
@@ -50,6 +52,13 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *cleanup {
+		if err := cluster.CleanUpNodes(ctx, log); err != nil {
+			log.Error("node cleanup", "err", err)
+			return 1
+		}
+		return 0
+	}
 
 	root, err := cluster.RepoRoot()
 	if err != nil {

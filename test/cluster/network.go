@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // The node's network. Everything here stays on the machine: the Pod CIDR is
@@ -81,6 +82,25 @@ func setUpNetwork(ctx context.Context) error {
 // cached results for this network. It goes on after an error and returns
 // them all.
 func tearDownNetwork(ctx context.Context, base *hostState) error {
+	errs := []error{removeBridge(ctx), removeServiceRoute(ctx)}
+	// The bridge's isGateway turned forwarding on machine-wide.
+	for _, key := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := restoreSysctl(base, key); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, ipt := range iptablesTools {
+		if err := restoreIptables(ctx, ipt, base); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, removeCNIResults(!slices.Contains(base.dirs["/var/lib"], "cni")))
+	return errors.Join(errs...)
+}
+
+// removeBridge deletes the pods' links left on the bridge, then the bridge
+// (and with it the Pod CIDR's route).
+func removeBridge(ctx context.Context) error {
 	var errs []error
 	ports, _ := os.ReadDir(filepath.Join("/sys/class/net", NodeBridge, "brif"))
 	for _, p := range ports {
@@ -93,24 +113,16 @@ func tearDownNetwork(ctx context.Context, base *hostState) error {
 			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
+}
+
+func removeServiceRoute(ctx context.Context) error {
 	if out, _ := run(ctx, "ip", "route", "show", "type", "unreachable", ServiceCIDR); strings.TrimSpace(out) != "" {
 		if _, err := run(ctx, "ip", "route", "delete", "unreachable", ServiceCIDR); err != nil {
-			errs = append(errs, err)
+			return err
 		}
 	}
-	// The bridge's isGateway turned forwarding on machine-wide.
-	for _, key := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
-		if err := restoreSysctl(base, key); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, ipt := range iptablesTools {
-		if err := restoreIptables(ctx, ipt, base); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	errs = append(errs, removeCNIResults(base))
-	return errors.Join(errs...)
+	return nil
 }
 
 func restoreSysctl(base *hostState, key string) error {
@@ -135,7 +147,8 @@ func restoreSysctl(base *hostState, key string) error {
 // restoreIptables deletes every rule and then every chain that the
 // baseline's `ipt -S` of each table does not have: kube-proxy's and the
 // kubelet's KUBE-* chains (kube-proxy --cleanup leaves KUBE-FIREWALL), and
-// the guard.
+// the guard; and, with the nf_tables backend (where using a table creates
+// it), each table the baseline did not have once it holds nothing.
 func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 	// "table rule" for each rule and ":chain" line of the saved baseline.
 	baseline := map[string]bool{}
@@ -148,6 +161,21 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 		}
 		baseline[saved+" "+l] = true
 	}
+	return deleteIptables(ctx, ipt, iptablesKeep{
+		rule:  func(table, rule string) bool { return baseline[table+" "+rule] },
+		chain: func(table, chain string) bool { return baseline[table+" :"+chain+" -"] },
+		table: func(table string) bool { return baseline["*"+table] },
+	})
+}
+
+// iptablesKeep says which rules, chains and tables deleteIptables leaves.
+type iptablesKeep struct {
+	rule  func(table, rule string) bool // rule as `ipt -S` prints it
+	chain func(table, chain string) bool
+	table func(table string) bool
+}
+
+func deleteIptables(ctx context.Context, ipt string, keep iptablesKeep) error {
 	version, _ := run(ctx, ipt, "-V")
 	family := map[string]string{"iptables": "ip", "ip6tables": "ip6"}[ipt]
 	var errs []error
@@ -159,7 +187,7 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 		var chains []string
 		for _, l := range slices.Backward(lines) {
 			switch {
-			case strings.HasPrefix(l, "-A ") && !baseline[table+" "+l]:
+			case strings.HasPrefix(l, "-A ") && !keep.rule(table, l):
 				args, err := splitRule(l)
 				if err != nil {
 					errs = append(errs, err)
@@ -169,7 +197,7 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 				if _, err := run(ctx, ipt, append([]string{"-w", "-t", table}, args...)...); err != nil {
 					errs = append(errs, err)
 				}
-			case strings.HasPrefix(l, "-N ") && !baseline[table+" :"+strings.TrimPrefix(l, "-N ")+" -"]:
+			case strings.HasPrefix(l, "-N ") && !keep.chain(table, strings.TrimPrefix(l, "-N ")):
 				chains = append(chains, strings.TrimPrefix(l, "-N "))
 			}
 		}
@@ -181,9 +209,7 @@ func restoreIptables(ctx context.Context, ipt string, base *hostState) error {
 				errs = append(errs, err)
 			}
 		}
-		// With the nf_tables backend, using a table creates it; one the
-		// baseline did not have goes once it holds nothing of anyone's.
-		if !baseline["*"+table] && strings.Contains(version, "nf_tables") && nftTableExists(ctx, family, table) {
+		if !keep.table(table) && strings.Contains(version, "nf_tables") && nftTableExists(ctx, family, table) {
 			if rest, err := cmdLines(ctx, ipt, "-w", "-t", table, "-S"); err == nil && onlyAcceptPolicies(rest) {
 				if _, err := run(ctx, "nft", "delete", "table", family, table); err != nil {
 					errs = append(errs, err)
@@ -243,24 +269,33 @@ func splitRule(line string) ([]string, error) {
 }
 
 // removeCNIResults deletes the results libcni cached for this network (it
-// writes them to /var/lib/cni whatever the node's own dirs), and the dirs
-// it created for them when the baseline had none.
-func removeCNIResults(base *hostState) error {
+// writes them to /var/lib/cni whatever the node's own dirs), and, with
+// emptyDirs, the dirs that held them if nothing else is left there.
+func removeCNIResults(emptyDirs bool) error {
 	results := filepath.Join(cniCacheDir, "results")
 	entries, err := os.ReadDir(results)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
+	// "<network>-<sandbox id>-<interface>": the node's network's, and the
+	// loopback containerd sets up in the same sandboxes.
 	var errs []error
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), cniNetwork+"-") {
-			errs = append(errs, os.Remove(filepath.Join(results, e.Name())))
+		rest, ok := strings.CutPrefix(e.Name(), cniNetwork+"-")
+		if !ok {
+			continue
+		}
+		errs = append(errs, os.Remove(filepath.Join(results, e.Name())))
+		if id, _, ok := strings.Cut(rest, "-"); ok {
+			lo := filepath.Join(results, "cni-loopback-"+id+"-lo")
+			if err := os.Remove(lo); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
 		}
 	}
-	if !slices.Contains(base.dirs["/var/lib"], "cni") {
-		// Only empty dirs go: anything else there is not ours.
+	if emptyDirs {
 		for _, d := range []string{results, cniCacheDir} {
-			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+			if err := os.Remove(d); err != nil && !os.IsNotExist(err) && !errors.Is(err, syscall.ENOTEMPTY) {
 				errs = append(errs, fmt.Errorf("cluster: %w", err))
 			}
 		}

@@ -4,11 +4,18 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // TestNodeNetworkTornDown: the node's network goes up in the order the
@@ -72,5 +79,110 @@ func TestNodeNetworkTornDown(t *testing.T) {
 	}
 	if d := base.diff(after); len(d) > 0 {
 		t.Errorf("machine changed:\n%s", strings.Join(d, "\n"))
+	}
+}
+
+// TestNodeKilledCleanUp: a node whose test process died without Stop (its
+// processes SIGKILLed, as Pdeathsig does, with a pod running) leaves
+// shims, containers, cgroups, mounts, the bridge, routes and rules;
+// CleanUpNodes removes all of it, and with ip_forward set back (which it
+// cannot know) the machine is as before. Needs root, `make node-tools
+// pause-image`.
+func TestNodeKilledCleanUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Start(ctx, Options{Node: true, PauseImage: filepath.Join(root, "bin", "pause.tar")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := c.node.base
+	cleaned := false
+	defer func() {
+		if !cleaned {
+			_ = c.Stop()
+		}
+	}()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "pause", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "pause", Image: "registry.local/pause:3.10", ImagePullPolicy: corev1.PullNever,
+		}}},
+	}
+	cs, err := kubernetes.NewForConfig(c.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.poll(ctx, nil, 2*time.Minute, func(ctx context.Context) error {
+		p, err := cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("pod %s", p.Status.Phase)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The test process "dies": every process of the node gets SIGKILL.
+	c.mu.Lock()
+	c.stopped = true
+	procs := []*process{c.etcd, c.apiserver}
+	for _, p := range c.node.procs {
+		procs = append(procs, p)
+	}
+	c.mu.Unlock()
+	for _, p := range procs {
+		_ = syscall.Kill(p.pid(), syscall.SIGKILL)
+		<-p.done
+	}
+	if pids := c.nodePIDs(); len(pids) == 0 {
+		t.Fatal("nothing left running after the kill: the test proves nothing")
+	}
+
+	cleaned = true
+	if err := CleanUpNodes(ctx, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(c.dir); !os.IsNotExist(err) {
+		t.Errorf("node dir %s: %v, want it removed", c.dir, err)
+	}
+	if err := restoreSysctl(base, "net/ipv4/ip_forward"); err != nil {
+		t.Fatal(err)
+	}
+	after, err := takeHostState(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// CleanUpNodes leaves the nf_tables tables kube-proxy created: it
+	// cannot tell them from the machine's own.
+	var d []string
+	for _, line := range base.diff(after) {
+		if !strings.HasPrefix(line, "iptables-save rule added: ") && !strings.HasPrefix(line, "ip6tables-save rule added: ") && !strings.HasPrefix(line, "nft rule added: ") {
+			d = append(d, line)
+		}
+	}
+	if len(d) > 0 {
+		t.Errorf("machine changed:\n%s", strings.Join(d, "\n"))
+	}
+	for _, ipt := range iptablesTools {
+		if rules, _ := run(ctx, ipt+"-save"); strings.Contains(rules, "KUBE-") || strings.Contains(rules, guardChain) {
+			t.Errorf("%s still has node rules:\n%s", ipt, rules)
+		}
+	}
+	// The empty tables go the way Stop removes them.
+	if err := restoreIptables(ctx, "iptables", base); err != nil {
+		t.Error(err)
+	}
+	if err := restoreIptables(ctx, "ip6tables", base); err != nil {
+		t.Error(err)
 	}
 }

@@ -214,12 +214,10 @@ func (c *Cluster) removeNodeLeftovers() error {
 			errs = append(errs, fmt.Errorf("cluster: processes still running after SIGKILL: %v", pids))
 			break
 		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+		killAll(pids)
 		time.Sleep(200 * time.Millisecond)
 	}
-	errs = append(errs, c.removeNodeCgroups())
+	errs = append(errs, removeCgroupTrees(c.newCgroups()))
 	errs = append(errs, unmountUnder(c.dir))
 	return errors.Join(errs...)
 }
@@ -227,6 +225,12 @@ func (c *Cluster) removeNodeLeftovers() error {
 // nodePIDs are the processes the node left: any whose command line names
 // the node's dir (the shims), and any in a cgroup the node created (pods).
 func (c *Cluster) nodePIDs() []int {
+	return appendCgroupPIDs(pidsWithArg(c.dir+"/"), c.newCgroups())
+}
+
+// pidsWithArg lists the processes (but this one) whose command line
+// contains s.
+func pidsWithArg(s string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	self := os.Getpid()
@@ -236,11 +240,16 @@ func (c *Cluster) nodePIDs() []int {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), c.dir+"/") {
+		if err == nil && strings.Contains(string(cmdline), s) {
 			pids = append(pids, pid)
 		}
 	}
-	for _, cg := range c.newCgroups() {
+	return pids
+}
+
+// appendCgroupPIDs adds the processes in the cgroup trees to pids.
+func appendCgroupPIDs(pids []int, trees []string) []int {
+	for _, cg := range trees {
 		_ = filepath.WalkDir(cg, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 				return nil
@@ -255,6 +264,12 @@ func (c *Cluster) nodePIDs() []int {
 		})
 	}
 	return pids
+}
+
+func killAll(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 // newCgroups are the top-level cgroups that were not there before the node
@@ -273,11 +288,11 @@ func (c *Cluster) newCgroups() []string {
 	return out
 }
 
-// removeNodeCgroups removes the node's cgroups, deepest first (a cgroup
-// dir goes with rmdir once it has no children and no processes).
-func (c *Cluster) removeNodeCgroups() error {
+// removeCgroupTrees removes cgroup trees, deepest first (a cgroup dir goes
+// with rmdir once it has no children and no processes).
+func removeCgroupTrees(trees []string) error {
 	var errs []error
-	for _, cg := range c.newCgroups() {
+	for _, cg := range trees {
 		var dirs []string
 		_ = filepath.WalkDir(cg, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
