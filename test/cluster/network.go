@@ -50,9 +50,6 @@ var iptablesTools = []string{"iptables", "ip6tables"}
 // route for the Service CIDR and the forwarding guard, in that order,
 // before anything that could send to a ClusterIP runs.
 func setUpNetwork(ctx context.Context) error {
-	if _, err := os.Stat(filepath.Join("/sys/class/net", NodeBridge)); err == nil {
-		return fmt.Errorf("cluster: network interface %s already exists (another node running, or one not torn down)", NodeBridge)
-	}
 	steps := [][]string{
 		{"ip", "link", "add", NodeBridge, "type", "bridge"},
 		{"ip", "addr", "add", NodeIP + "/24", "dev", NodeBridge},

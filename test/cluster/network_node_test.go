@@ -186,3 +186,34 @@ func TestNodeKilledCleanUp(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestNodeRefusesSecondNode: with the node's bridge already there (another
+// node, or a killed one), Start refuses with a message that says what to do,
+// and its cleanup leaves that bridge alone.
+func TestNodeRefusesSecondNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(ctx, "ip", "link", "add", NodeBridge, "type", "bridge"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if _, err := run(ctx, "ip", "link", "delete", NodeBridge); err != nil {
+			t.Error(err)
+		}
+	}()
+	c, err := Start(ctx, Options{Node: true, PauseImage: filepath.Join(root, "bin", "pause.tar")})
+	if err == nil {
+		_ = c.Stop()
+		t.Fatal("Start succeeded beside an existing node bridge")
+	}
+	if !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "-node-cleanup") {
+		t.Errorf("Start: %v; want it to name the existing bridge and the cleanup", err)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/class/net", NodeBridge)); err != nil {
+		t.Errorf("the existing bridge was removed: %v", err)
+	}
+}

@@ -77,6 +77,12 @@ func checkNodeHost(binDir string, opts Options) error {
 // beginNode records the machine's state and sets up the network. Start
 // calls it before the apiserver, which listens on the bridge.
 func (c *Cluster) beginNode(ctx context.Context) error {
+	// One node at a time: names and addresses are fixed. Checked before
+	// anything is recorded, so the failed Start's Stop leaves the other
+	// node alone.
+	if _, err := os.Stat(filepath.Join("/sys/class/net", NodeBridge)); err == nil {
+		return fmt.Errorf("cluster: network interface %s already exists: another node is running, or one was killed (`go run ./hack/cluster -node-cleanup` removes what it left)", NodeBridge)
+	}
 	first, err := takeHostState(ctx, nil)
 	if err != nil {
 		return err

@@ -5,8 +5,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,13 +159,4 @@ func (ew *exitWatch) wait(timeout time.Duration) (int32, error) {
 		return 0, fmt.Errorf("no exit code reported for the deleted pod within %s", timeout)
 	}
 	return *ew.code, nil
-}
-
-// runCmd runs a host command and returns its combined output.
-func runCmd(name string, args ...string) (string, error) {
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
 }

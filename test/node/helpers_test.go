@@ -5,6 +5,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -418,4 +419,13 @@ func overlappingLeaders(obs []leaseObservation) []string {
 		prev = o
 	}
 	return bad
+}
+
+// runCmd runs a host command and returns its combined output.
+func runCmd(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }
