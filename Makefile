@@ -32,12 +32,14 @@ e2e: tools
 ## -p 1: test/cluster, test/e2e and test/bench each start a cluster; one at a
 ## time keeps 2 cores from being shared three ways. test/gitops is a module of
 ## its own (kstatus stays out of go.mod), which ./... does not enter.
+## node-e2e (root: it runs a kubelet node on this machine) comes last.
 test: tools
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "not gofmt-clean:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -count=1 -p 1 -timeout 60m ./...
 	cd test/gitops && go vet ./... && go test -count=1 -timeout 10m ./...
 	$(MAKE) image-test
+	$(MAKE) node-e2e
 
 .PHONY: build run install deploy docker-build unit
 
@@ -118,3 +120,44 @@ demo: tools
 BENCH_FLAGS ?= -n 1000,10000
 bench: tools
 	go run ./test/bench $(BENCH_FLAGS)
+
+## ---- node (issue 11): a real single-node Kubernetes for test/node ----
+# The node's Kubernetes parts, v1.37.2 like the servers above. Without the
+# version ldflags they report v0.0.0-master.
+NODE_K8S      := kube-controller-manager kube-scheduler kubelet kube-proxy
+K8S_LDFLAGS   := -X k8s.io/component-base/version.gitVersion=v1.37.2 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
+# containerd has a module of its own so its dependencies cannot move kubernetes' pins.
+CONTAINERD_DIR := hack/containerd
+CONTAINERD_MOD := $(CONTAINERD_DIR)/go.mod $(CONTAINERD_DIR)/go.sum
+CONTAINERD_GO  := cd $(CONTAINERD_DIR) && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags "no_btrfs no_devmapper"
+NODE_CONTAINERD := containerd containerd-shim-runc-v2 ctr
+# Debian packages the node needs from the machine (runc, CNI plugins in /usr/lib/cni, iptables, conntrack).
+NODE_DEBS     := runc containernetworking-plugins iptables conntrack
+
+.PHONY: node-tools node-deps
+
+## node-tools: build the node's binaries into bin/ (skipped when up to date)
+node-tools: tools $(addprefix $(BIN_DIR)/,$(NODE_K8S) $(NODE_CONTAINERD))
+
+$(addprefix $(BIN_DIR)/,$(NODE_K8S)): $(TOOLS_MOD)
+	$(TOOLS_GO) -ldflags "$(K8S_LDFLAGS)" -o ../../$@ k8s.io/kubernetes/cmd/$(@F)
+
+$(addprefix $(BIN_DIR)/,$(NODE_CONTAINERD)): $(CONTAINERD_MOD)
+	$(CONTAINERD_GO) -o ../../$@ github.com/containerd/containerd/v2/cmd/$(@F)
+
+## node-deps: install the node's Debian packages when one is missing (apt-get update once)
+node-deps:
+	@missing=$$(for p in $(NODE_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
+	fi
+
+.PHONY: node-e2e
+## node-e2e: the node tests (test/node, and test/cluster's node network test): a real
+##           single node on this machine runs deploy/ as Pods. Needs root; builds the
+##           node's binaries and both images, installs the Debian packages when missing.
+node-e2e: node-deps node-tools image pause-image
+	go vet -tags node ./test/cluster/ ./test/node/
+	go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/
+	go test -tags node -count=1 -p 1 -timeout 40m -v ./test/node/

@@ -3,6 +3,8 @@
 //
 //	go run ./hack/cluster                       # until Ctrl-C
 //	go run ./hack/cluster -- kubectl get uuid   # run a command against it, then stop
+//	go run ./hack/cluster -node                 # with a node that runs Pods (root)
+//	go run ./hack/cluster -node-cleanup         # after a node's process was killed
 //
 // With a command after "--", the command runs with KUBECONFIG set and the
 // bin dir first in PATH; the cluster stops when it ends and this program
@@ -34,6 +36,10 @@ func run() int {
 	binDir := flag.String("bin-dir", "", "dir with etcd, kube-apiserver, kubectl (default $KUBE_TEST_BIN_DIR or <repo>/bin)")
 	kubeconfigOut := flag.String("kubeconfig-out", ".local/kubeconfig", "where to copy the admin kubeconfig")
 	apply := flag.String("apply", "deploy/namespace.yaml,deploy/rbac.yaml", "comma-separated manifests to apply after the CRD (relative to the repo root unless absolute)")
+	node := flag.Bool("node", false, "also run a node (kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy) so Deployments run as Pods; needs root, `make node-tools node-deps image`")
+	pauseImage := flag.String("pause-image", "bin/pause.tar", "with -node: the pod sandbox image archive")
+	images := flag.String("images", "bin/uuid-controller.tar", "with -node: comma-separated image archives to load into the node's containerd")
+	cleanup := flag.Bool("node-cleanup", false, "remove what a node whose process was killed left on the machine (processes, cgroups, mounts, bridge, route, iptables rules), then exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] [-- command [args...]]\n", os.Args[0])
 		flag.PrintDefaults()
@@ -46,14 +52,30 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *cleanup {
+		if err := cluster.CleanUpNodes(ctx, log); err != nil {
+			log.Error("node cleanup", "err", err)
+			return 1
+		}
+		return 0
+	}
 
 	root, err := cluster.RepoRoot()
 	if err != nil {
 		log.Error("find repo root", "err", err)
 		return 1
 	}
+	opts := cluster.Options{BinDir: *binDir, Logger: log, Node: *node}
+	if *node {
+		opts.PauseImage = inRepo(root, *pauseImage)
+		for _, img := range strings.Split(*images, ",") {
+			if img = strings.TrimSpace(img); img != "" {
+				opts.NodeImages = append(opts.NodeImages, inRepo(root, img))
+			}
+		}
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	c, err := cluster.Start(startCtx, cluster.Options{BinDir: *binDir, Logger: log})
+	c, err := cluster.Start(startCtx, opts)
 	cancel()
 	if err != nil {
 		log.Error("start cluster", "err", err)
@@ -70,10 +92,7 @@ func run() int {
 		if m = strings.TrimSpace(m); m == "" {
 			continue
 		}
-		if !filepath.IsAbs(m) {
-			m = filepath.Join(root, m)
-		}
-		manifests = append(manifests, m)
+		manifests = append(manifests, inRepo(root, m))
 	}
 	if len(manifests) > 0 {
 		if err := c.Apply(ctx, manifests...); err != nil {
@@ -159,6 +178,14 @@ func runCommand(ctx context.Context, log *slog.Logger, command []string, kubecon
 		log.Error("run command", "command", command, "err", err)
 		return 127
 	}
+}
+
+// inRepo makes a path relative to the repo root absolute.
+func inRepo(root, path string) string {
+	if filepath.IsAbs(path) {
+		return path
+	}
+	return filepath.Join(root, path)
 }
 
 func lookPath(name, pathList string) (string, error) {

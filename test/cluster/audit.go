@@ -29,7 +29,12 @@ type AuditEvent struct {
 	Verb string `json:"verb"`
 	User struct {
 		Username string `json:"username"`
+		// Extra holds, for a pod's projected token, the pod it was
+		// issued to (authentication.kubernetes.io/pod-name).
+		Extra map[string][]string `json:"extra"`
 	} `json:"user"`
+	SourceIPs []string `json:"sourceIPs"`
+	UserAgent string   `json:"userAgent"`
 	ObjectRef struct {
 		Resource    string `json:"resource"`
 		Namespace   string `json:"namespace"`

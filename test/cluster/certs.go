@@ -16,11 +16,23 @@ import (
 	"time"
 )
 
-// WriteServingCert writes a throwaway CA and a serving certificate for
-// 127.0.0.1/localhost signed by it. It returns the CA certificate in PEM.
-// Each call makes a new CA, so a client trusting one call's CA rejects
-// another call's certificate.
-func WriteServingCert(certFile, keyFile string) (caPEM []byte, err error) {
+// WriteServingCert writes a throwaway CA and a serving certificate signed
+// by it for localhost, the kubernetes Service's names and ips (127.0.0.1
+// when none are given). It returns the CA certificate in PEM. Each call
+// makes a new CA, so a client trusting one call's CA rejects another
+// call's certificate.
+func WriteServingCert(certFile, keyFile string, ips ...string) (caPEM []byte, err error) {
+	if len(ips) == 0 {
+		ips = []string{"127.0.0.1"}
+	}
+	var ipAddrs []net.IP
+	for _, s := range ips {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("serving certificate: bad IP %q", s)
+		}
+		ipAddrs = append(ipAddrs, ip)
+	}
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -55,7 +67,7 @@ func WriteServingCert(certFile, keyFile string) (caPEM []byte, err error) {
 		NotAfter:     now.Add(7 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+		IPAddresses:  ipAddrs,
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)

@@ -62,6 +62,19 @@ type Options struct {
 	// Logger receives the package's own structured log. Default:
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Node adds a whole single node (node.go): kube-controller-manager,
+	// kube-scheduler, containerd, a kubelet and kube-proxy, with the
+	// apiserver on the node's bridge (NodeIP) instead of loopback. It
+	// needs root, `make node-tools` and `make node-deps`.
+	Node bool
+	// PauseImage is the pod sandbox image archive (docker save format, its
+	// first tag is pinned as containerd's sandbox image). Required with
+	// Node.
+	PauseImage string
+	// NodeImages are image archives loaded into the node's containerd, so
+	// pods run them without a registry.
+	NodeImages []string
 }
 
 // Cluster is a running etcd + kube-apiserver pair.
@@ -83,9 +96,10 @@ type Cluster struct {
 	etcdArgs   []string
 	logMu      sync.Mutex
 
-	mu        sync.Mutex // guards the processes and stopped
+	mu        sync.Mutex // guards the processes, node and stopped
 	etcd      *process
 	apiserver *process
+	node      *nodeState // nil without Options.Node
 	stopped   bool
 }
 
@@ -123,9 +137,17 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
+	tmp, prefix := "", "uuid-test-cluster-"
+	if opts.Node {
+		if err := checkNodeHost(c.binDir, opts); err != nil {
+			return nil, err
+		}
+		// Short: unix socket paths under it must fit in 108 bytes.
+		tmp, prefix = "/tmp", "uuid-node-"
+	}
 
 	if opts.Dir == "" {
-		c.dir, err = os.MkdirTemp("", "uuid-test-cluster-")
+		c.dir, err = os.MkdirTemp(tmp, prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -147,6 +169,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 	}()
 
+	if opts.Node {
+		if err := c.beginNode(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.prepare(); err != nil {
 		return nil, err
 	}
@@ -161,6 +188,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if err := c.InstallCRD(ctx); err != nil {
 		return nil, err
+	}
+	if opts.Node {
+		if err := c.startNode(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c.log.Info("cluster ready", "url", c.url, "dir", c.dir, "kubeconfig", c.adminKC)
 	return c, nil
@@ -238,8 +270,15 @@ func (c *Cluster) prepare() error {
 	certs := filepath.Join(c.dir, "certs")
 	servingCert := filepath.Join(certs, "apiserver.crt")
 	servingKey := filepath.Join(certs, "apiserver.key")
+	// On a node the apiserver listens on the bridge, for pods, and its
+	// certificate names the kubernetes Service's ClusterIP, which
+	// rest.InClusterConfig connects to.
+	host, serviceCIDR, certIPs := "127.0.0.1", "10.0.0.0/24", []string{"127.0.0.1", "10.0.0.1"}
+	if c.opts.Node {
+		host, serviceCIDR, certIPs = NodeIP, ServiceCIDR, []string{"127.0.0.1", NodeIP, KubernetesServiceIP}
+	}
 	var err error
-	if c.caPEM, err = WriteServingCert(servingCert, servingKey); err != nil {
+	if c.caPEM, err = WriteServingCert(servingCert, servingKey, certIPs...); err != nil {
 		return fmt.Errorf("cluster: serving certificate: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(certs, "ca.crt"), c.caPEM, 0o600); err != nil {
@@ -265,7 +304,7 @@ func (c *Cluster) prepare() error {
 	c.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	c.apiPort = ports[2]
-	c.url = "https://127.0.0.1:" + strconv.Itoa(c.apiPort)
+	c.url = "https://" + host + ":" + strconv.Itoa(c.apiPort)
 	c.etcdArgs = []string{
 		"--name", "default",
 		"--data-dir", filepath.Join(c.dir, "etcd-data"),
@@ -283,17 +322,20 @@ func (c *Cluster) prepare() error {
 		"--tls-cert-file", servingCert,
 		"--tls-private-key-file", servingKey,
 		"--secure-port", strconv.Itoa(c.apiPort),
-		"--bind-address", "127.0.0.1",
-		// Loopback is not a valid advertise address for the endpoint
-		// reconciler, and nothing here needs the kubernetes Service endpoints.
-		"--advertise-address", "127.0.0.1",
-		"--endpoint-reconciler-type", "none",
+		"--bind-address", host,
+		"--advertise-address", host,
 		"--service-account-key-file", saKey,
 		"--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--token-auth-file", tokens,
 		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", "10.0.0.0/24",
+		"--service-cluster-ip-range", serviceCIDR,
+	}
+	if !c.opts.Node {
+		// Loopback is not a valid advertise address for the endpoint
+		// reconciler, and nothing without a node needs the kubernetes
+		// Service's endpoints.
+		c.apiArgs = append(c.apiArgs, "--endpoint-reconciler-type", "none")
 	}
 	if c.opts.Audit {
 		audit, err := c.auditArgs()
@@ -323,11 +365,21 @@ func (c *Cluster) output(name string) (io.Writer, *os.File, error) {
 }
 
 func (c *Cluster) spawn(name string, args []string) (*process, error) {
+	return c.spawnPath(name, filepath.Join(c.binDir, name), args, nil)
+}
+
+// spawnEnv is spawn with env added to the environment.
+func (c *Cluster) spawnEnv(name string, args, env []string) (*process, error) {
+	return c.spawnPath(name, filepath.Join(c.binDir, name), args, env)
+}
+
+// spawnPath starts the program at path, logging as name.
+func (c *Cluster) spawnPath(name, path string, args, env []string) (*process, error) {
 	out, f, err := c.output(name)
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProcess(c.log, name, filepath.Join(c.binDir, name), args, out, f)
+	p, err := startProcess(c.log, name, path, args, env, out, f)
 	if err != nil && f != nil {
 		f.Close()
 	}
@@ -550,17 +602,30 @@ func (c *Cluster) Stop() error {
 	c.mu.Unlock()
 
 	var errs []error
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if c.node != nil {
+		errs = append(errs, c.stopNodeWorkloads(ctx, api != nil && etcd != nil))
+	}
 	if api != nil {
 		errs = append(errs, api.stop())
 	}
 	if etcd != nil {
 		errs = append(errs, etcd.stop())
 	}
+	if c.node != nil {
+		errs = append(errs, c.removeNodeLeftovers(), c.finishNode(ctx))
+	}
 	if dst := os.Getenv("ARTIFACTS"); dst != "" && c.opts.Log == nil && c.dir != "" {
 		errs = append(errs, c.copyLogs(dst))
 	}
 	if c.tempDir {
-		errs = append(errs, os.RemoveAll(c.dir))
+		// Never remove through a mount that is still there.
+		if err := unmountUnder(c.dir); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: %s kept: %w", c.dir, err))
+		} else {
+			errs = append(errs, os.RemoveAll(c.dir))
+		}
 	}
 	c.log.Info("cluster stopped", "dir", c.dir, "removed", c.tempDir)
 	return errors.Join(errs...)
@@ -571,7 +636,7 @@ func (c *Cluster) copyLogs(dst string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}
-	for _, name := range []string{EtcdBinary, APIServerBinary} {
+	for _, name := range []string{EtcdBinary, APIServerBinary, ControllerManagerBinary, SchedulerBinary, ContainerdBinary, KubeletBinary, ProxyBinary} {
 		b, err := os.ReadFile(filepath.Join(c.dir, name+".log"))
 		if errors.Is(err, os.ErrNotExist) {
 			continue

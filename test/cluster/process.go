@@ -27,8 +27,11 @@ type process struct {
 	log  *slog.Logger
 }
 
-func startProcess(log *slog.Logger, name, path string, args []string, out io.Writer, logf *os.File) (*process, error) {
+func startProcess(log *slog.Logger, name, path string, args, env []string, out io.Writer, logf *os.File) (*process, error) {
 	cmd := exec.Command(path, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = out
 	cmd.Stderr = out
 	cmd.SysProcAttr = procAttr()

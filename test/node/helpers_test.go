@@ -1,0 +1,431 @@
+//go:build node
+
+package node
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
+)
+
+// controllerUser is who the controller's writes come from.
+const controllerUser = "system:serviceaccount:" + cluster.ControllerNamespace + ":" + cluster.ControllerServiceAccount
+
+// testCtx is bounded so a stuck node fails the test instead of CI.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// poll calls check every 200 ms until it returns nil or timeout passes.
+func poll(ctx context.Context, timeout time.Duration, what string, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		err := check(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitRolledOut waits until the Deployment has all its replicas updated,
+// Ready and available, and no other pod of it is left.
+func waitRolledOut(ctx context.Context) error {
+	return poll(ctx, 5*time.Minute, "the Deployment to roll out", func(ctx context.Context) error {
+		d, err := env.kube.AppsV1().Deployments(ns).Get(ctx, deployName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := rolledOut(d); err != nil {
+			return err
+		}
+		pods, err := controllerPods(ctx)
+		if err != nil {
+			return err
+		}
+		if int32(len(pods)) != *d.Spec.Replicas {
+			return fmt.Errorf("%d pods, want %d", len(pods), *d.Spec.Replicas)
+		}
+		return nil
+	})
+}
+
+func rolledOut(d *appsv1.Deployment) error {
+	s, want := d.Status, *d.Spec.Replicas
+	if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.ReadyReplicas != want ||
+		s.AvailableReplicas != want || s.Replicas != want {
+		return fmt.Errorf("deployment status %+v, want %d replicas", s, want)
+	}
+	return nil
+}
+
+// deployed is the Deployment at rest: rolled out, its two pods, which of
+// them holds the Lease, and the Lease.
+type deployed struct {
+	pods            []corev1.Pod
+	leader, standby *corev1.Pod
+	lease           *coordinationv1.Lease
+}
+
+// rolledOutReplicas waits until the Deployment is rolled out and returns its pods
+// and leader.
+func rolledOutReplicas(ctx context.Context, t *testing.T) deployed {
+	t.Helper()
+	if err := waitRolledOut(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := controllerPods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, holder, err := leaseHolder(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deployed{pods: pods, lease: lease}
+	for i := range pods {
+		if pods[i].Name == holder {
+			d.leader = &pods[i]
+		} else {
+			d.standby = &pods[i]
+		}
+	}
+	if len(pods) != 2 || d.leader == nil || d.standby == nil {
+		t.Fatalf("%d pods, the Lease held by %q: want the Deployment's 2, one of them the leader", len(pods), holder)
+	}
+	return d
+}
+
+// controllerPods lists the Deployment's pods that are not being deleted.
+func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
+	l, err := env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: appLabel})
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// leaseHolder returns the Lease and the pod its holder identity names
+// (identities are "<hostname>_<random>", the hostname being the pod's name).
+func leaseHolder(ctx context.Context) (*coordinationv1.Lease, string, error) {
+	l, err := env.kube.CoordinationV1().Leases(ns).Get(ctx, leaseName, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", err
+	}
+	return l, holderPod(l), nil
+}
+
+func holderPod(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+	return pod
+}
+
+// podLog is a pod's controller container log from the node.
+func podLog(t *testing.T, p *corev1.Pod) string {
+	t.Helper()
+	out, err := env.cluster.PodLogs(p.Namespace, p.Name, string(p.UID), container)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// newNamespace creates a namespace for a test's objects.
+func newNamespace(ctx context.Context, t *testing.T, prefix string) string {
+	t.Helper()
+	name := prefix + "-" + uuid.NewString()[:6]
+	if _, err := env.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	return name
+}
+
+func uuids(namespace string) dynamic.ResourceInterface {
+	return env.dyn.Resource(cluster.UuidGVR).Namespace(namespace)
+}
+
+// createUuids creates n objects prefix-0 ... in namespace, 16 at a time,
+// and returns their names.
+func createUuids(ctx context.Context, t *testing.T, namespace, prefix string, n int) []string {
+	t.Helper()
+	names := make([]string, n)
+	work := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				obj := &unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": "demo.operator/v1", "kind": "Uuid",
+					"metadata": map[string]any{"name": names[i]}, "spec": map[string]any{},
+				}}
+				if _, err := uuids(namespace).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create %s/%s: %w", namespace, names[i], err)
+				}
+			}
+		})
+	}
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// waitUUIDs waits until every object in namespace has state Ok and a
+// valid UUID, and there are want of them; it returns name -> UUID.
+func waitUUIDs(ctx context.Context, t *testing.T, namespace string, want int, timeout time.Duration) map[string]string {
+	t.Helper()
+	var got map[string]string
+	err := poll(ctx, timeout, fmt.Sprintf("%d UUIDs in %s", want, namespace), func(ctx context.Context) error {
+		l, err := uuids(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		got = map[string]string{}
+		missing := 0
+		for _, o := range l.Items {
+			state, _, _ := unstructured.NestedString(o.Object, "status", "state")
+			id, _, _ := unstructured.NestedString(o.Object, "status", "uuid")
+			if _, err := uuid.Parse(id); state != "Ok" || err != nil {
+				missing++
+				continue
+			}
+			got[o.GetName()] = id
+		}
+		if len(l.Items) != want || missing > 0 {
+			return fmt.Errorf("%d objects, %d without state Ok and a UUID", len(l.Items), missing)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// nestedUUID is an object's status.uuid.
+func nestedUUID(obj map[string]any) string {
+	id, _, _ := unstructured.NestedString(obj, "status", "uuid")
+	return id
+}
+
+// statusWrites counts the controller's status writes in the audit log on
+// objects in namespace, by object name.
+func statusWrites(t *testing.T, namespace string) map[string]int {
+	t.Helper()
+	evs, err := env.cluster.AuditEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, ev := range evs {
+		if ev.ObjectRef.Subresource == "status" && ev.ObjectRef.Namespace == namespace &&
+			ev.User.Username == controllerUser && ev.Verb != "get" && ev.Verb != "list" && ev.Verb != "watch" {
+			out[ev.ObjectRef.Name]++
+		}
+	}
+	return out
+}
+
+// uuidWatch records every UUID a watch sees on a namespace's objects and
+// any change of one an object already had.
+type uuidWatch struct {
+	mu      sync.Mutex
+	ids     map[string]string
+	changes []string
+	err     error
+	done    chan struct{}
+}
+
+// watchUUIDs watches namespace's objects from now until the test ends.
+func watchUUIDs(ctx context.Context, t *testing.T, namespace string) *uuidWatch {
+	t.Helper()
+	l, err := uuids(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list %s: %v", namespace, err)
+	}
+	uw := &uuidWatch{ids: map[string]string{}, done: make(chan struct{})}
+	for _, o := range l.Items {
+		if id, _, _ := unstructured.NestedString(o.Object, "status", "uuid"); id != "" {
+			uw.ids[o.GetName()] = id
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := uuids(namespace).Watch(ctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
+	if err != nil {
+		cancel()
+		t.Fatalf("watch %s: %v", namespace, err)
+	}
+	t.Cleanup(func() { cancel(); w.Stop(); <-uw.done })
+	go func() {
+		defer close(uw.done)
+		for ev := range w.ResultChan() {
+			switch ev.Type {
+			case watch.Error:
+				uw.mu.Lock()
+				uw.err = fmt.Errorf("watch error: %v", ev.Object)
+				uw.mu.Unlock()
+				return
+			case watch.Added, watch.Modified:
+				o, ok := ev.Object.(*unstructured.Unstructured)
+				if !ok {
+					continue
+				}
+				id, _, _ := unstructured.NestedString(o.Object, "status", "uuid")
+				uw.mu.Lock()
+				if old := uw.ids[o.GetName()]; old != "" && old != id {
+					uw.changes = append(uw.changes, fmt.Sprintf("%s: %q -> %q", o.GetName(), old, id))
+				}
+				if id != "" {
+					uw.ids[o.GetName()] = id
+				}
+				uw.mu.Unlock()
+			}
+		}
+	}()
+	return uw
+}
+
+// check fails the test if the watch saw a UUID change or broke off.
+func (uw *uuidWatch) check(t *testing.T) {
+	t.Helper()
+	uw.mu.Lock()
+	defer uw.mu.Unlock()
+	if uw.err != nil {
+		t.Error(uw.err)
+	}
+	if len(uw.changes) > 0 {
+		t.Errorf("a watch saw %d UUIDs change: %v", len(uw.changes), uw.changes)
+	}
+}
+
+// leaseObservation is the Lease as one watch event showed it.
+type leaseObservation struct {
+	at     time.Time
+	holder string // identity, "" when released
+	lease  *coordinationv1.Lease
+}
+
+// leaseWatch records every state of the Lease from now on.
+type leaseWatch struct {
+	mu   sync.Mutex
+	obs  []leaseObservation
+	done chan struct{}
+}
+
+func watchLease(ctx context.Context, t *testing.T) *leaseWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := env.kube.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", leaseName).String()})
+	if err != nil {
+		cancel()
+		t.Fatalf("watch lease: %v", err)
+	}
+	lw := &leaseWatch{done: make(chan struct{})}
+	t.Cleanup(func() { cancel(); w.Stop(); <-lw.done })
+	go func() {
+		defer close(lw.done)
+		for ev := range w.ResultChan() {
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok {
+				continue
+			}
+			holder := ""
+			if l.Spec.HolderIdentity != nil {
+				holder = *l.Spec.HolderIdentity
+			}
+			lw.mu.Lock()
+			lw.obs = append(lw.obs, leaseObservation{at: time.Now(), holder: holder, lease: l})
+			lw.mu.Unlock()
+		}
+	}()
+	return lw
+}
+
+func (lw *leaseWatch) observations() []leaseObservation {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return append([]leaseObservation(nil), lw.obs...)
+}
+
+// overlappingLeaders lists every handover in which a new holder took the
+// Lease while the previous one's term could still be running: neither
+// released (holder "") nor expired (its last renewal plus the lease
+// duration before the new holder's acquire time).
+func overlappingLeaders(obs []leaseObservation) []string {
+	var bad []string
+	var prev *leaseObservation
+	for i := range obs {
+		o := &obs[i]
+		if prev != nil && o.holder != "" && prev.holder != "" && o.holder != prev.holder {
+			l := prev.lease
+			expired := l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil &&
+				o.lease.Spec.AcquireTime != nil &&
+				o.lease.Spec.AcquireTime.Time.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second))
+			if !expired {
+				bad = append(bad, fmt.Sprintf("%s took the lease from %s, which had neither released it nor let it expire", o.holder, prev.holder))
+			}
+		}
+		prev = o
+	}
+	return bad
+}
+
+// runCmd runs a host command and returns its combined output.
+func runCmd(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
