@@ -132,7 +132,7 @@ CONTAINERD_MOD := $(CONTAINERD_DIR)/go.mod $(CONTAINERD_DIR)/go.sum
 CONTAINERD_GO  := cd $(CONTAINERD_DIR) && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags "no_btrfs no_devmapper"
 NODE_CONTAINERD := containerd containerd-shim-runc-v2 ctr
 # Debian packages the node needs from the machine (runc, CNI plugins in /usr/lib/cni, iptables, conntrack).
-NODE_DEBS     := runc containernetworking-plugins iptables conntrack
+NODE_DEBS     := runc containernetworking-plugins iptables nftables conntrack
 
 .PHONY: node-tools node-deps
 
