@@ -403,6 +403,46 @@ func TestTransientErrorIsReportedAndRetried(t *testing.T) {
 	}
 }
 
+// When the report itself cannot be written (no grant on uuid/status fails
+// it as it fails the assignment), the log says so, the Warning Event still
+// goes out, and retrying goes on: nothing is dropped.
+func TestFailedReportIsLoggedAndRetryGoesOn(t *testing.T) {
+	obj := newUUIDObject("default", "example", "5")
+	client := newClient(t, obj)
+	forbidden := apierrors.NewForbidden(uuidGVR.GroupResource(), "example", errors.New("no grant on uuid/status"))
+	failPatches(client, StateOk, forbidden)
+	failPatches(client, StateError, forbidden)
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 1}, obj)
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	f.ctx = klog.NewContext(f.ctx, logger)
+	k := key("default", "example")
+
+	f.ctrl.queue.Add(k)
+	f.drive(1)
+
+	var logged bool
+	for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
+		if e.Type == ktesting.LogError && e.Message == "Failed to record the error in status" && apierrors.IsForbidden(e.Err) {
+			logged = true
+		}
+	}
+	if !logged {
+		t.Error("no error log for the failed Error status write")
+	}
+	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("error")); got != 2 {
+		t.Errorf("failed status writes = %v, want 2 (the assignment and the report)", got)
+	}
+	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning "+ReasonFailed) {
+		t.Errorf("events = %q, want one Warning %s", ev, ReasonFailed)
+	}
+	if got := f.ctrl.queue.NumRequeues(k); got != 1 {
+		t.Errorf("requeues = %d, want 1: still retried", got)
+	}
+	if got := testutil.ToFloat64(f.metrics.Dropped); got != 0 {
+		t.Errorf("dropped = %v, want 0", got)
+	}
+}
+
 // A streak of retryable failures is reported once, at the ErrorAfter-th
 // attempt; a streak that ended (a success, the object deleted) leaves
 // nothing behind, so the next one, or a new object of the same name, is

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -89,6 +90,35 @@ func TestHealthHandler(t *testing.T) {
 	ready = nil
 	if code, _ := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after sync = %d, want 200", code)
+	}
+}
+
+// A missing CRD keeps the informer from syncing: /readyz must name the CRD
+// problem and its fix, not only the unsynced cache.
+func TestReadinessGivesEveryReason(t *testing.T) {
+	crdErr := fmt.Errorf("%w: demo.operator/v1 is not served; %s", errCRDNotReady, crdFix)
+	for _, tc := range []struct {
+		name   string
+		synced bool
+		crd    error
+		want   []string
+	}{
+		{"not synced, CRD missing", false, crdErr, []string{"informer cache not synced", "not served", crdFix}},
+		{"not synced, CRD fits", false, nil, []string{"informer cache not synced"}},
+		{"synced, CRD wrong", true, crdErr, []string{"not served", crdFix}},
+		{"ready", true, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := readiness(func() bool { return tc.synced }, func() error { return tc.crd })()
+			if (err == nil) != (tc.want == nil) {
+				t.Fatalf("readiness = %v, want an error: %v", err, tc.want != nil)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("readiness = %q, does not say %q", err, w)
+				}
+			}
+		})
 	}
 }
 

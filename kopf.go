@@ -112,7 +112,9 @@ func (c *Controller) releaseKopfFinalizer(ctx context.Context, obj *cachedUUID) 
 	switch {
 	case err == nil:
 		c.metrics.KopfFinalizersRemoved.Inc()
-		logger.Info("Removed kopf's finalizer from an object being deleted", "finalizer", kopfFinalizer)
+		// Per object, so at -v=2 like an assignment: a migration deleting
+		// many objects must not log each one at -v=0; the metric counts them.
+		logger.V(2).Info("Removed kopf's finalizer from an object being deleted", "finalizer", kopfFinalizer)
 		c.event(obj, corev1.EventTypeNormal, ReasonKopfFinalizerRemoved, "Removed finalizer "+kopfFinalizer+": the kopf operator is gone")
 		return nil
 	case apierrors.IsNotFound(err):

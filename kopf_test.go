@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -158,6 +159,35 @@ func TestReleaseKopfFinalizer(t *testing.T) {
 				t.Errorf("events = %q, want %d", ev, tt.wantEvents)
 			}
 		})
+	}
+}
+
+// A removal is per object, like an assignment: nothing at -v=0 (README:
+// Logs), the line at -v=2.
+func TestKopfFinalizerRemovalLogsAtV2(t *testing.T) {
+	for _, tc := range []struct {
+		verbosity int
+		want      []string
+	}{
+		{0, nil},
+		{2, []string{"Removed kopf's finalizer from an object being deleted"}},
+	} {
+		obj := kopfObject("deleting", true)
+		f := newFixture(t, Options{RemoveKopfFinalizer: true}, obj)
+		logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(tc.verbosity), ktesting.BufferLogs(true)))
+		if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "deleting")); err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(f.metrics.KopfFinalizersRemoved); got != 1 {
+			t.Fatalf("kopf_finalizers_removed_total = %v, want 1", got)
+		}
+		var lines []string
+		for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
+			lines = append(lines, e.Message)
+		}
+		if !slices.Equal(lines, tc.want) {
+			t.Errorf("-v=%d log lines for one removal: %q, want %q", tc.verbosity, lines, tc.want)
+		}
 	}
 }
 

@@ -84,12 +84,7 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	crd := newCRDChecker(disc, metrics.CRDReady)
 	ctrl.useCRDChecker(crd)
-	ready := func() error {
-		if !informer.Informer().HasSynced() {
-			return errors.New("informer cache not synced")
-		}
-		return crd.Ready()
-	}
+	ready := readiness(informer.Informer().HasSynced, crd.Ready)
 
 	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
 	if err != nil {

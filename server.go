@@ -35,6 +35,22 @@ func healthHandler(ready func() error) http.Handler {
 	return mux
 }
 
+// readiness is /readyz's check. It gives every reason at once: a CRD that
+// is not installed also keeps the informer from syncing, and "informer
+// cache not synced" alone would hide the problem and its fix.
+func readiness(synced func() bool, crdReady func() error) func() error {
+	return func() error {
+		var errs []error
+		if !synced() {
+			errs = append(errs, errors.New("informer cache not synced"))
+		}
+		if err := crdReady(); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+}
+
 // metricsHandler serves /metrics from the given registries.
 func metricsHandler(registries ...*prometheus.Registry) http.Handler {
 	gatherers := make(prometheus.Gatherers, 0, len(registries))
