@@ -45,6 +45,12 @@ const (
 	reviewCacheTTL  = 10 * time.Second
 	reviewCacheSize = 1024
 	reviewTimeout   = 10 * time.Second
+	// reviewQPS and reviewBurst limit the reviews sent for /metrics, on a
+	// client of their own: a scraper needs at most two per scrape, and a
+	// flood of requests with made-up tokens waits here (then gets 503)
+	// instead of taking the controller's own API budget.
+	reviewQPS   = 20
+	reviewBurst = 40
 )
 
 // secureMetrics returns h behind delegated authentication and
