@@ -115,7 +115,7 @@ func (k *crdChecker) Run(ctx context.Context) {
 	for {
 		k.check(ctx)
 		wait := crdCheckWhileRight
-		if k.Blocked() != nil || !k.isChecked() {
+		if k.Ready() != nil {
 			wait = crdCheckWhileWrong
 		}
 		select {
@@ -180,12 +180,6 @@ func (k *crdChecker) check(ctx context.Context) {
 	case len(problems) == 0 && !wasChecked:
 		logger.V(2).Info("The Uuid CRD fits this controller", "crd", uuidGVR.GroupResource().String())
 	}
-}
-
-func (k *crdChecker) isChecked() bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.checked
 }
 
 // Blocked returns an error wrapping errCRDNotReady while the CRD is known
@@ -340,6 +334,23 @@ func fieldProblems(path string, s *openAPISchema, t reflect.Type, samples []stri
 	return problems
 }
 
+// openAPIType is the OpenAPI type of values of Go type t.
+func openAPIType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		return "integer"
+	case reflect.Slice:
+		return "array"
+	case reflect.Struct, reflect.Map, reflect.Pointer:
+		return "object"
+	}
+	return ""
+}
+
 // useCRDChecker makes c hold its writes back while k knows the CRD is wrong,
 // ask k for a check on a 404 the cache cannot explain, and queue every
 // object still needing work once k sees the CRD fixed.
@@ -394,21 +405,4 @@ func (c *Controller) requeueUnfinished(ctx context.Context) {
 			c.queue.Add(key)
 		}
 	}
-}
-
-// openAPIType is the OpenAPI type of values of Go type t.
-func openAPIType(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.String:
-		return "string"
-	case reflect.Bool:
-		return "boolean"
-	case reflect.Int, reflect.Int32, reflect.Int64:
-		return "integer"
-	case reflect.Slice:
-		return "array"
-	case reflect.Struct, reflect.Map, reflect.Pointer:
-		return "object"
-	}
-	return ""
 }

@@ -93,18 +93,7 @@ func run(ctx context.Context, cfg *config) error {
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	defer func() { cancel(); waitHealth() }()
-	// The metrics reviews get a client, and so a client-side rate limit, of
-	// their own: anyone who reaches the metrics port can make the
-	// controller ask the apiserver (a new made-up token each time), and
-	// those asks must never queue the Lease's renewals or the Events
-	// behind them.
-	reviewConfig := rest.CopyConfig(restConfig)
-	reviewConfig.QPS, reviewConfig.Burst = reviewQPS, reviewBurst
-	reviews, err := kubernetes.NewForConfig(reviewConfig)
-	if err != nil {
-		return fmt.Errorf("building the metrics review client: %w", err)
-	}
-	metricsPage, metricsTLS, err := secureMetrics(ctx, cfg.metricsAddr, cfg.secureMetrics, reviews, metrics, metricsHandler(metrics.Registry, queueRegistry))
+	metricsPage, metricsTLS, err := secureMetrics(ctx, cfg.metricsAddr, cfg.secureMetrics, restConfig, metrics, metricsHandler(metrics.Registry, queueRegistry))
 	if err != nil {
 		return err
 	}

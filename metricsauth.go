@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 )
 
@@ -56,7 +57,7 @@ const (
 // secureMetrics returns h behind delegated authentication and
 // authorization and the TLS config serving it, or h and nil when
 // --metrics-secure=false or the metrics server at addr is off.
-func secureMetrics(ctx context.Context, addr string, c secureMetricsConfig, kube kubernetes.Interface, m *Metrics, h http.Handler) (http.Handler, *tls.Config, error) {
+func secureMetrics(ctx context.Context, addr string, c secureMetricsConfig, restConfig *rest.Config, m *Metrics, h http.Handler) (http.Handler, *tls.Config, error) {
 	if !serverEnabled(addr) {
 		return h, nil, nil
 	}
@@ -68,8 +69,18 @@ func secureMetrics(ctx context.Context, addr string, c secureMetricsConfig, kube
 	if err != nil {
 		return nil, nil, err
 	}
+	// The reviews get a client, and so a client-side rate limit, of their
+	// own: anyone who reaches the port can make the controller ask the
+	// apiserver (a new made-up token each time), and those asks must never
+	// queue the Lease's renewals or the Events behind them.
+	reviewConfig := rest.CopyConfig(restConfig)
+	reviewConfig.QPS, reviewConfig.Burst = reviewQPS, reviewBurst
+	reviews, err := kubernetes.NewForConfig(reviewConfig)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the metrics review client: %w", err)
+	}
 	cert.run(ctx)
-	return newDelegatedAuth(kube, m).wrap(h), cert.tlsConfig(), nil
+	return newDelegatedAuth(reviews, m).wrap(h), cert.tlsConfig(), nil
 }
 
 // delegatedAuth asks the apiserver who a bearer token belongs to

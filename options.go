@@ -34,7 +34,7 @@ type Options struct {
 // defaultOptions are the defaults of Options and of their flags.
 func defaultOptions() Options {
 	return Options{
-		// The 15th attempt comes about 80 s into retrying (see
+		// The 15th attempt comes about 82 s into retrying (see
 		// backoffBefore): past a blip, before an operator would look.
 		ErrorAfter: 15,
 		// client-go's default cap is 1,000 s, which an outage would add
