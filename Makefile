@@ -28,24 +28,34 @@ cluster: tools
 e2e: tools
 	go test -count=1 -timeout 30m -v ./test/e2e/...
 
-## test: the README's test command: vet, gofmt and every test in the module.
+## test: the README's test command: vet, gofmt and every test in the module
+## (test/e2e's TestAlert* run bin/prometheus), then the other modules' tests.
 ## -p 1: test/cluster, test/e2e and test/bench each start a cluster; one at a
 ## time keeps 2 cores from being shared three ways. test/gitops is a module of
 ## its own (kstatus stays out of go.mod), which ./... does not enter.
 ## node-e2e (root: it runs a kubelet node on this machine) comes last.
-test: tools
+test: tools helm prometheus
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "not gofmt-clean:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -count=1 -p 1 -timeout 60m ./...
 	cd test/gitops && go vet ./... && go test -count=1 -timeout 10m ./...
+	$(MAKE) monitoring-test
 	$(MAKE) image-test
 	$(MAKE) node-e2e
 
 .PHONY: build run install deploy docker-build unit
 
-## build: the controller binary
+# The version the binary reports (internal/version): git describe, and the
+# commit. `make build VERSION=v0.1.0` overrides; without git both are empty and
+# the binary falls back to what Go recorded.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION_PKG := github.com/demo-operator/uuid-controller/internal/version
+VERSION_LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).revision=$(REVISION)
+
+## build: the controller binary, stamped with $(VERSION)
 build:
-	CGO_ENABLED=0 go build -o $(BIN_DIR)/uuid-controller .
+	CGO_ENABLED=0 go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN_DIR)/uuid-controller .
 
 ## unit: unit tests only (no cluster needed)
 unit:
@@ -63,9 +73,10 @@ install:
 KUBECTL ?= kubectl
 .PHONY: manifests build-installer
 
-## manifests: refresh deploy/crd.yaml, the kustomization's copy of crd.yaml
+## manifests: refresh the copies of crd.yaml: deploy/crd.yaml (the kustomization's) and the Helm chart's
 manifests:
 	cp crd.yaml deploy/crd.yaml
+	cp crd.yaml charts/uuid-controller/crds/uuid.demo.operator.yaml
 
 ## deploy: kubectl apply -k deploy/ (CRD, namespace, RBAC, Deployment, PDB) with the image $(IMG)
 deploy: manifests
@@ -80,39 +91,83 @@ build-installer: manifests $(BIN_DIR)/kubectl
 
 ## docker-build: the image with docker; `make image` builds the same without one
 docker-build:
-	docker build -t $(IMG) .
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMG) .
 
 .PHONY: image image-test pause-image
-## image: the controller image archive bin/uuid-controller.tar, tagged $(IMG), built
-##        without a container engine from the Dockerfile's final stage (hack/image)
+## image: the controller image archive bin/uuid-controller.tar, an OCI image index for
+##        $(IMAGE_PLATFORMS) tagged $(IMG), built without a container engine from the
+##        Dockerfile's final stage (hack/image); `docker load` gets the host's platform
 IMG ?= uuid-controller:dev
 IMAGE_TAR ?= $(BIN_DIR)/uuid-controller.tar
-# The flags must equal the Dockerfile's `go build`: hack/image checks the
-# binary's recorded build settings against it and refuses a mismatch.
-IMAGE_GO_BUILD := CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w"
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+# The platform `docker load` gets from the archive; empty: this machine's.
+IMAGE_LOAD_PLATFORM ?=
+comma := ,
+# The flags must equal the Dockerfile's `go build`: hack/image checks each
+# binary's recorded build settings and ELF machine against it and refuses a
+# mismatch. GOOS/GOARCH come from each platform, as TARGETOS/TARGETARCH do.
+IMAGE_GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w $(VERSION_LDFLAGS)"
 # -mod=mod lets a cold module cache fill itself from hack/image/go.mod.
 IMAGE_TOOL := cd hack/image && GOFLAGS=-mod=mod go run .
 image:
-	$(IMAGE_GO_BUILD) -o $(BIN_DIR)/uuid-controller .
-	$(IMAGE_TOOL) -dockerfile $(abspath Dockerfile) -context $(CURDIR) \
-		-binary $(abspath $(BIN_DIR)/uuid-controller) -tag $(IMG) -o $(abspath $(IMAGE_TAR))
+	@set -e; for p in $(subst $(comma), ,$(IMAGE_PLATFORMS)); do \
+		(set -x; GOOS=$${p%/*} GOARCH=$${p#*/} $(IMAGE_GO_BUILD) -o $(BIN_DIR)/image/$${p%/*}_$${p#*/}/uuid-controller .); \
+	done
+	$(IMAGE_TOOL) build -dockerfile $(abspath Dockerfile) -context $(CURDIR) -platforms $(IMAGE_PLATFORMS) \
+		$(foreach p,$(subst $(comma), ,$(IMAGE_PLATFORMS)),-binary $(abspath $(BIN_DIR)/image/$(subst /,_,$(p))/uuid-controller)) \
+		$(if $(IMAGE_LOAD_PLATFORM),-load-platform $(IMAGE_LOAD_PLATFORM)) \
+		-build-arg VERSION=$(VERSION) -build-arg REVISION=$(REVISION) -tag $(IMG) -o $(abspath $(IMAGE_TAR))
+
+.PHONY: image-push image-digest release-installer
+## image-push: `make image`, then push the index to $(IMG), a registry tag, with
+##             go-containerregistry (credentials from the docker config, as crane and ko
+##             read them); prints the pushed index as REPOSITORY@sha256:..., the reference
+##             to deploy. REGISTRY_CA=ca.crt trusts a registry's private CA.
+REGISTRY_CA ?=
+REGISTRY_FLAGS = $(if $(REGISTRY_CA),-ca $(abspath $(REGISTRY_CA)))
+image-push: image
+	@$(IMAGE_TOOL) push -i $(abspath $(IMAGE_TAR)) $(REGISTRY_FLAGS) $(IMG)
+
+## image-digest: print what the registry tag $(IMG) names now, as REPOSITORY@sha256:...
+image-digest:
+	@$(IMAGE_TOOL) digest $(REGISTRY_FLAGS) $(IMG)
+
+## release-installer: dist/install.yaml with the image pinned by digest: the registry
+##                    tag $(IMG) (pushed by make image-push) resolved to what it names now
+release-installer:
+	@ref=$$($(IMAGE_TOOL) digest $(REGISTRY_FLAGS) $(IMG)) && echo "$(IMG) is $$ref" && $(MAKE) --no-print-directory build-installer IMG=$$ref
 
 ## image-test: hack/image's own tests (its own module, so ./... above skips it);
-##             they run `make image` and check the archive against the Dockerfile
-image-test:
-	cd hack/image && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
+##             they run `make image` and check the archive against the Dockerfile, and
+##             push to and resolve from a real registry (bin/registry)
+image-test: $(BIN_DIR)/registry
+	cd hack/image && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 30m ./...
 
-## pause-image: bin/pause.tar, the node's sandbox image (hack/image/pause), tagged $(PAUSE_IMG)
+## pause-image: bin/pause.tar, the node's sandbox image (hack/image/pause) for this
+##              machine's platform, tagged $(PAUSE_IMG)
 PAUSE_IMG ?= registry.local/pause:3.10
 pause-image:
-	cd hack/image && $(IMAGE_GO_BUILD) -o $(abspath $(BIN_DIR)/pause) ./pause
-	$(IMAGE_TOOL) -dockerfile pause/Dockerfile -context . \
+	cd hack/image && GOOS=linux CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o $(abspath $(BIN_DIR)/pause) ./pause
+	$(IMAGE_TOOL) build -dockerfile pause/Dockerfile -context . \
 		-binary $(abspath $(BIN_DIR)/pause) -tag $(PAUSE_IMG) -o $(abspath $(BIN_DIR)/pause.tar)
+
+.PHONY: helm
+## helm: bin/helm, Helm v4 for the chart's tests (charts/uuid-controller), built from
+##       hack/helm, a module of its own so Helm never enters go.mod (skipped when up to date)
+HELM_DIR := hack/helm
+$(BIN_DIR)/helm: $(HELM_DIR)/go.mod $(HELM_DIR)/go.sum
+	cd $(HELM_DIR) && export CGO_ENABLED=0 GOFLAGS=-mod=mod && \
+		go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$$(go list -m -f '{{.Version}}' helm.sh/helm/v4)" \
+		-o ../../$@ helm.sh/helm/v4/cmd/helm
+helm: $(BIN_DIR)/helm
 
 .PHONY: demo
 ## demo: local cluster + controller + examples/uuid.yaml + kubectl get id; Ctrl-C stops all
+# Built, then exec'd: `go run` exits 1 after a Ctrl-C whatever the program
+# returns, and a stop the user asked for is not a failure.
 demo: tools
-	go run ./hack/cluster -- hack/demo.sh
+	go build -o $(BIN_DIR)/cluster ./hack/cluster
+	exec $(BIN_DIR)/cluster -- hack/demo.sh
 
 .PHONY: bench
 ## bench: the benchmark (test/bench): starts a local cluster, runs every case for each N, prints a Markdown table.
@@ -134,10 +189,15 @@ NODE_CONTAINERD := containerd containerd-shim-runc-v2 ctr
 # Debian packages the node needs from the machine (runc, CNI plugins in /usr/lib/cni, iptables, conntrack).
 NODE_DEBS     := runc containernetworking-plugins iptables nftables conntrack
 
+# The node's image registry, CNCF distribution's, in a module of its own.
+REGISTRY_MOD := hack/registry/go.mod hack/registry/go.sum
+$(BIN_DIR)/registry: $(REGISTRY_MOD)
+	cd hack/registry && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -o ../../$@ github.com/distribution/distribution/v3/cmd/registry
+
 .PHONY: node-tools node-deps
 
 ## node-tools: build the node's binaries into bin/ (skipped when up to date)
-node-tools: tools $(addprefix $(BIN_DIR)/,$(NODE_K8S) $(NODE_CONTAINERD))
+node-tools: tools $(addprefix $(BIN_DIR)/,$(NODE_K8S) $(NODE_CONTAINERD)) $(BIN_DIR)/registry
 
 $(addprefix $(BIN_DIR)/,$(NODE_K8S)): $(TOOLS_MOD)
 	$(TOOLS_GO) -ldflags "$(K8S_LDFLAGS)" -o ../../$@ k8s.io/kubernetes/cmd/$(@F)
@@ -155,9 +215,37 @@ node-deps:
 
 .PHONY: node-e2e
 ## node-e2e: the node tests (test/node, and test/cluster's node network test): a real
-##           single node on this machine runs deploy/ as Pods. Needs root; builds the
-##           node's binaries and both images, installs the Debian packages when missing.
-node-e2e: node-deps node-tools image pause-image
+##           single node on this machine runs deploy/ (and the Helm chart) as Pods, the
+##           image pushed to the node's registry by make image-push and pulled by the
+##           kubelet by digest. Needs root; builds the node's binaries, bin/helm and the
+##           pause image, installs the Debian packages when missing.
+node-e2e: node-deps node-tools helm pause-image
 	go vet -tags node ./test/cluster/ ./test/node/
 	go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/
 	go test -tags node -count=1 -p 1 -timeout 40m -v ./test/node/
+
+## ---- monitoring (issue 19): Prometheus for the alert tests ----
+# Prometheus has a module of its own so its dependencies never enter go.mod.
+PROM_DIR := hack/prometheus
+PROM_MOD := $(PROM_DIR)/go.mod $(PROM_DIR)/go.sum
+MONITORING := deploy/monitoring
+.PHONY: prometheus monitoring-test monitoring-rules
+
+## prometheus: bin/prometheus, the server test/e2e's TestAlert* tests run (skipped when up to date)
+prometheus: $(BIN_DIR)/prometheus
+
+# remove_all_sd leaves out the cloud service discoveries (AWS, Azure, GCE,
+# Kubernetes, ...), which the tests do not use (they name their targets):
+# the full build compiles about 1,500 packages, this one about 1,000.
+$(BIN_DIR)/prometheus: $(PROM_MOD)
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/prometheus
+
+## monitoring-test: hack/prometheus's checks of deploy/monitoring with Prometheus's own parser:
+##                  the rules load, every rule and dashboard query parses and names served metrics
+monitoring-test:
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
+
+## monitoring-rules: regenerate deploy/monitoring/prometheusrule.yaml's groups from prometheus/rules.yaml
+monitoring-rules:
+	{ sed '/^spec:$$/q' $(MONITORING)/prometheusrule.yaml; grep -v '^#' $(MONITORING)/prometheus/rules.yaml | sed 's/^\(.\)/  \1/'; } > $(MONITORING)/prometheusrule.yaml.tmp
+	mv $(MONITORING)/prometheusrule.yaml.tmp $(MONITORING)/prometheusrule.yaml

@@ -2,38 +2,90 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"strconv"
+	"time"
+	"unique"
 
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 )
 
 // cachedUUID is what the informer keeps of a Uuid object: its identity (for
 // the cache key, the PATCH precondition and Event references) and its
-// status. It is about 600 bytes, against some 1,500 for even a trimmed
-// unstructured object and several KiB for a whole one, so the controller's
-// memory stays small and linear in the number of objects.
+// status. It is read-only once built. Memory per object is what bounds the
+// controller's size (BENCHMARKS.md), so the common object, one with a UUID
+// or with no status yet, is 80 bytes: UID and UUID as 16 bytes each, the
+// resourceVersion as a number, the namespace shared, state and message as
+// codes; anything rarer (a failure report, a deletion, a malformed status)
+// goes in rare.
 type cachedUUID struct {
-	metav1.TypeMeta
-	// ObjectMeta holds only name, namespace, UID, resourceVersion,
-	// deletionTimestamp and, while that is set, finalizers.
-	metav1.ObjectMeta
-	// Status is status.state, status.message and a valid status.uuid; an
-	// invalid uuid is left out here and described by UUIDProblem. Its
-	// conditions are kept only for an object with state Error and no
-	// UUID (see currentConditions): the few the controller may write again.
-	Status Status
-	// UUIDProblem says why status could not be trusted (not an object, a
-	// uuid that is not a UUID); "" when it is fine or absent.
-	UUIDProblem string
+	readOnlyMeta
+	name string
+	// namespace is shared by every object of the namespace.
+	namespace unique.Handle[string]
+	// rv is metadata.resourceVersion when it is a decimal number without
+	// leading zeros (always, from an etcd-backed apiserver); else
+	// rare.resourceVersion holds it.
+	rv uint64
+	// uid is metadata.uid when it is a canonical UUID (always, from an
+	// apiserver); else rare.uid holds it.
+	uid uuid.UUID
+	// id is status.uuid, valid only when flags has hasUUID.
+	id    uuid.UUID
+	flags cacheFlags
+	// created is metadata.creationTimestamp in Unix seconds (the
+	// apiserver's resolution), 0 when unset or outside uint32; as a
+	// uint32 it fills padding after flags, so the struct stays 80 bytes.
+	created uint32
+	rare    *cachedRare
 }
 
-// DeepCopyObject implements runtime.Object.
-func (o *cachedUUID) DeepCopyObject() runtime.Object {
-	out := *o
-	o.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
-	return &out
+// cacheFlags codes the usual status.state and status.message.
+type cacheFlags uint8
+
+const (
+	hasUUID cacheFlags = 1 << iota
+	uidInRare
+	rvInRare
+	stateOk
+	stateError
+	messageAssigned
+)
+
+// cachedRare holds what few objects have.
+type cachedRare struct {
+	uid             types.UID
+	resourceVersion string
+	state, message  string // when not coded in flags
+	// uuidText is a status.uuid that is valid but not canonical (upper
+	// case), kept as written.
+	uuidText string
+	// problem says why status could not be trusted (not an object, a
+	// uuid that is not a UUID); "" when it is fine or absent.
+	problem string
+	// conditions are kept only for an object with state Error and no UUID
+	// (see currentConditions): the few the controller may write again.
+	conditions        []metav1.Condition
+	deletionTimestamp *metav1.Time
+	// finalizers are kept only while the object is being deleted.
+	finalizers []string
+}
+
+// newInformer is the informer on uuidGVR in namespace ("" for all). It has
+// no indexes: the controller reads objects by key only, and the namespace
+// index a shared informer factory adds costs memory for every object.
+// NewController sets its transform, trimForCache.
+func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration) informers.GenericInformer {
+	return dynamicinformer.NewFilteredDynamicInformer(dyn, uuidGVR, namespace, resync, cache.Indexers{}, nil)
 }
 
 // trimForCache is the informer's transform: every object is stored, and
@@ -48,23 +100,179 @@ func trimForCache(obj any) (any, error) {
 
 // toCached keeps what the controller reads of u.
 func toCached(u *unstructured.Unstructured) *cachedUUID {
-	id, problem := existingUUID(u)
-	st := currentStatus(u)
-	st = Status{State: shared(st.State), Message: shared(st.Message), UUID: id}
-	st.Conditions = currentConditions(u, st)
-	return &cachedUUID{
-		TypeMeta: metav1.TypeMeta{APIVersion: shared(u.GetAPIVersion()), Kind: shared(u.GetKind())},
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:         u.GetNamespace(),
-			Name:              u.GetName(),
-			UID:               u.GetUID(),
-			ResourceVersion:   u.GetResourceVersion(),
-			DeletionTimestamp: u.GetDeletionTimestamp(),
-			Finalizers:        terminatingFinalizers(u),
-		},
-		Status:      st,
-		UUIDProblem: problem,
+	c := &cachedUUID{name: u.GetName(), namespace: unique.Make(u.GetNamespace())}
+	if sec := u.GetCreationTimestamp().Unix(); sec > 0 && sec <= math.MaxUint32 {
+		c.created = uint32(sec)
 	}
+	var rare cachedRare
+	if rv, ok := decimalRV(u.GetResourceVersion()); ok {
+		c.rv = rv
+	} else {
+		c.flags |= rvInRare
+		rare.resourceVersion = u.GetResourceVersion()
+	}
+	if id, ok := canonicalUUID(string(u.GetUID())); ok {
+		c.uid = id
+	} else {
+		c.flags |= uidInRare
+		rare.uid = u.GetUID()
+	}
+	text, problem := existingUUID(u)
+	if id, ok := canonicalUUID(text); ok {
+		c.id = id
+		c.flags |= hasUUID
+	} else if text != "" {
+		c.flags |= hasUUID
+		rare.uuidText = text
+	}
+	rare.problem = problem
+	st := currentStatus(u)
+	switch st.State {
+	case "":
+	case StateOk:
+		c.flags |= stateOk
+	case StateError:
+		c.flags |= stateError
+	default:
+		rare.state = st.State
+	}
+	switch st.Message {
+	case "":
+	case MessageAssigned:
+		c.flags |= messageAssigned
+	default:
+		rare.message = st.Message
+	}
+	st.UUID = text
+	rare.conditions = currentConditions(u, st)
+	if ts := u.GetDeletionTimestamp(); ts != nil {
+		rare.deletionTimestamp = ts
+		rare.finalizers = terminatingFinalizers(u)
+	}
+	if rare.uid != "" || rare.resourceVersion != "" || rare.state != "" || rare.message != "" || rare.uuidText != "" || rare.problem != "" ||
+		rare.conditions != nil || rare.deletionTimestamp != nil {
+		c.rare = &rare
+	}
+	return c
+}
+
+var noRare cachedRare
+
+// more is c.rare, or an empty one.
+func (c *cachedUUID) more() *cachedRare {
+	if c.rare == nil {
+		return &noRare
+	}
+	return c.rare
+}
+
+// hasUUID tells whether the object has a valid status.uuid.
+func (c *cachedUUID) hasUUID() bool { return c.flags&hasUUID != 0 }
+
+// uuidProblem says why status could not be trusted, or "".
+func (c *cachedUUID) uuidProblem() string { return c.more().problem }
+
+// status is the object's status as toCached read it: state, message, a
+// valid uuid and (see currentConditions) its conditions.
+func (c *cachedUUID) status() Status {
+	r := c.more()
+	st := Status{State: r.state, Message: r.message, Conditions: r.conditions}
+	switch {
+	case c.flags&stateOk != 0:
+		st.State = StateOk
+	case c.flags&stateError != 0:
+		st.State = StateError
+	}
+	if c.flags&messageAssigned != 0 {
+		st.Message = MessageAssigned
+	}
+	if c.hasUUID() {
+		st.UUID = r.uuidText
+		if st.UUID == "" {
+			st.UUID = c.id.String()
+		}
+	}
+	return st
+}
+
+// The metav1.Object methods the controller, the informer's key function
+// and the event recorder read.
+
+func (c *cachedUUID) GetName() string { return c.name }
+func (c *cachedUUID) GetCreationTimestamp() metav1.Time {
+	if c.created == 0 {
+		return metav1.Time{}
+	}
+	return metav1.Unix(int64(c.created), 0)
+}
+func (c *cachedUUID) GetNamespace() string { return c.namespace.Value() }
+func (c *cachedUUID) GetResourceVersion() string {
+	if c.flags&rvInRare != 0 {
+		return c.more().resourceVersion
+	}
+	return strconv.FormatUint(c.rv, 10)
+}
+func (c *cachedUUID) GetUID() types.UID {
+	if c.flags&uidInRare != 0 {
+		return c.more().uid
+	}
+	return types.UID(c.uid.String())
+}
+func (c *cachedUUID) GetDeletionTimestamp() *metav1.Time { return c.more().deletionTimestamp }
+func (c *cachedUUID) GetFinalizers() []string            { return c.more().finalizers }
+
+// uuidKind is the kind of the resource uuidGVR.
+const uuidKind = "Uuid"
+
+// uuidGVK is the kind of every cached object.
+var uuidGVK = uuidGVR.GroupVersion().WithKind(uuidKind)
+
+// GetObjectKind implements runtime.Object: the kind is always Uuid.
+func (c *cachedUUID) GetObjectKind() schema.ObjectKind { return fixedKind{} }
+
+// fixedKind is a schema.ObjectKind fixed to uuidGVK.
+type fixedKind struct{}
+
+func (fixedKind) GroupVersionKind() schema.GroupVersionKind { return uuidGVK }
+
+// SetGroupVersionKind is ignored: a cached object is always a Uuid.
+func (fixedKind) SetGroupVersionKind(schema.GroupVersionKind) {}
+
+// DeepCopyObject implements runtime.Object.
+func (c *cachedUUID) DeepCopyObject() runtime.Object {
+	out := *c
+	if c.rare != nil {
+		r := *c.rare
+		r.conditions = append([]metav1.Condition(nil), r.conditions...)
+		r.finalizers = append([]string(nil), r.finalizers...)
+		r.deletionTimestamp = r.deletionTimestamp.DeepCopy()
+		out.rare = &r
+	}
+	return &out
+}
+
+// decimalRV parses rv when formatting the number gives rv back.
+func decimalRV(rv string) (uint64, bool) {
+	if rv == "" || len(rv) > 1 && rv[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(rv, 10, 64)
+	return n, err == nil
+}
+
+// canonicalUUID parses s when it is a UUID as uuid.UUID.String writes it
+// (36 characters, lower case), so that keeping 16 bytes loses nothing.
+func canonicalUUID(s string) (uuid.UUID, bool) {
+	if len(s) != 36 {
+		return uuid.UUID{}, false
+	}
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'F' {
+			return uuid.UUID{}, false
+		}
+	}
+	id, err := uuid.Parse(s)
+	return id, err == nil
 }
 
 // existingUUID returns the object's valid status.uuid, or "" when there is
@@ -128,21 +336,45 @@ func currentConditions(obj *unstructured.Unstructured, st Status) []metav1.Condi
 	return out
 }
 
-// Constants replace the decoded copies of these strings, which every object
-// repeats, so 10,000 objects share one of each.
-var sharedStrings = map[string]string{
-	uuidAPIVersion: uuidAPIVersion, uuidKind: uuidKind,
-	StateOk: StateOk, StateError: StateError, MessageAssigned: MessageAssigned,
-}
+// readOnlyMeta completes metav1.Object for cachedUUID with what the cache
+// does not keep: the getters return zero values, and the setters panic,
+// since a cached object is shared by every reader and must not change.
+type readOnlyMeta struct{}
 
-const (
-	uuidAPIVersion = "demo.operator/v1"
-	uuidKind       = "Uuid"
-)
+func readOnly(field string) { panic("cachedUUID is read-only: Set" + field) }
 
-func shared(s string) string {
-	if c, ok := sharedStrings[s]; ok {
-		return c
+func (readOnlyMeta) SetNamespace(string)                           { readOnly("Namespace") }
+func (readOnlyMeta) SetName(string)                                { readOnly("Name") }
+func (readOnlyMeta) GetGenerateName() string                       { return "" }
+func (readOnlyMeta) SetGenerateName(string)                        { readOnly("GenerateName") }
+func (readOnlyMeta) SetUID(types.UID)                              { readOnly("UID") }
+func (readOnlyMeta) SetResourceVersion(string)                     { readOnly("ResourceVersion") }
+func (readOnlyMeta) GetGeneration() int64                          { return 0 }
+func (readOnlyMeta) SetGeneration(int64)                           { readOnly("Generation") }
+func (readOnlyMeta) GetSelfLink() string                           { return "" }
+func (readOnlyMeta) SetSelfLink(string)                            { readOnly("SelfLink") }
+func (readOnlyMeta) SetCreationTimestamp(metav1.Time)              { readOnly("CreationTimestamp") }
+func (readOnlyMeta) SetDeletionTimestamp(*metav1.Time)             { readOnly("DeletionTimestamp") }
+func (readOnlyMeta) GetDeletionGracePeriodSeconds() *int64         { return nil }
+func (readOnlyMeta) SetDeletionGracePeriodSeconds(*int64)          { readOnly("DeletionGracePeriodSeconds") }
+func (readOnlyMeta) GetLabels() map[string]string                  { return nil }
+func (readOnlyMeta) SetLabels(map[string]string)                   { readOnly("Labels") }
+func (readOnlyMeta) GetAnnotations() map[string]string             { return nil }
+func (readOnlyMeta) SetAnnotations(map[string]string)              { readOnly("Annotations") }
+func (readOnlyMeta) SetFinalizers([]string)                        { readOnly("Finalizers") }
+func (readOnlyMeta) GetOwnerReferences() []metav1.OwnerReference   { return nil }
+func (readOnlyMeta) SetOwnerReferences([]metav1.OwnerReference)    { readOnly("OwnerReferences") }
+func (readOnlyMeta) GetManagedFields() []metav1.ManagedFieldsEntry { return nil }
+func (readOnlyMeta) SetManagedFields([]metav1.ManagedFieldsEntry)  { readOnly("ManagedFields") }
+
+var _ metav1.Object = (*cachedUUID)(nil)
+
+// terminatingFinalizers is what the cache keeps of u's finalizers: all of
+// them while u is being deleted, none before, since only then can one be
+// acted on (and most objects carry kopf's for life).
+func terminatingFinalizers(u *unstructured.Unstructured) []string {
+	if u.GetDeletionTimestamp() == nil {
+		return nil
 	}
-	return s
+	return u.GetFinalizers()
 }

@@ -2,22 +2,29 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
 const (
@@ -36,6 +43,12 @@ const (
 	// ReasonInvalid: status held something that is not a UUID and is being
 	// replaced (Warning).
 	ReasonInvalid = "InvalidUUID"
+	// ReasonKopfFinalizerRemoved: kopf's finalizer was removed from an
+	// object being deleted (Normal).
+	ReasonKopfFinalizerRemoved = "KopfFinalizerRemoved"
+	// ReasonKopfFinalizerFailed: removing kopf's finalizer failed; it is
+	// retried (Warning).
+	ReasonKopfFinalizerFailed = "KopfFinalizerRemovalFailed"
 )
 
 // uuidGVR is the resource the controller serves.
@@ -43,8 +56,11 @@ var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1",
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
 type Controller struct {
-	// client writes the status subresource; reads come from store.
+	// client removes kopf's finalizer; reads come from store.
 	client dynamic.NamespaceableResourceInterface
+	// sendStatus writes the status subresource: main's sends with a REST
+	// client that does not decode the response (useStatusClient).
+	sendStatus statusPatcher
 	// store is the informer's cache of *cachedUUID objects. Not a
 	// GenericLister: the dynamic one insists on unstructured objects.
 	store cache.Store
@@ -61,35 +77,66 @@ type Controller struct {
 	// syncHandler reconciles one key; a field so tests can inject failures.
 	syncHandler func(ctx context.Context, key cache.ObjectName) error
 	opts        Options
-	// crd holds writes back while the CRD is known to be wrong; nil in
-	// unit tests that do not need it.
-	crd *crdChecker
+	// crd holds writes back while the CRD is known to be wrong.
+	crd crdGate
+	// policy holds kopf finalizer removals back until the admission policy
+	// is proven to bind the controller (kopfpolicy.go); nil without
+	// --remove-kopf-finalizer.
+	policy *kopfPolicy
 }
+
+// crdGate is what the controller asks of the CRD check (internal/crdcheck):
+// it reports the CRD's state and does nothing else.
+type crdGate interface {
+	// Blocked is an error wrapping crdcheck.ErrNotReady while the CRD is
+	// known to be wrong, else nil.
+	Blocked() error
+	// Suspect asks for a check soon: a status write got 404 for an object
+	// the cache still holds.
+	Suspect()
+}
+
+// noCRDGate never blocks: for tests that do not exercise the CRD check.
+type noCRDGate struct{}
+
+func (noCRDGate) Blocked() error { return nil }
+func (noCRDGate) Suspect()       {}
 
 // NewController wires a controller to an informer on uuidGVR. Event handlers
 // are added here, so the informer must not have been started yet for the
 // initial list to reach the queue.
 func NewController(ctx context.Context, client dynamic.Interface, informer informers.GenericInformer,
-	recorder record.EventRecorder, metrics *Metrics, opts Options) (*Controller, error) {
+	recorder record.EventRecorder, metrics *Metrics, crd crdGate, opts Options) (*Controller, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
 	logger := klog.FromContext(ctx)
 	c := &Controller{
-		client:   client.Resource(uuidGVR),
-		store:    informer.Informer().GetStore(),
-		synced:   informer.Informer().HasSynced,
-		recorder: recorder,
-		metrics:  metrics,
-		newUUID:  uuid.New,
-		opts:     opts,
+		client:     client.Resource(uuidGVR),
+		sendStatus: dynamicPatcher(client.Resource(uuidGVR)),
+		store:      informer.Informer().GetStore(),
+		synced:     informer.Informer().HasSynced,
+		recorder:   recorder,
+		metrics:    metrics,
+		newUUID:    uuid.New,
+		opts:       opts,
+		crd:        crd,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
 		),
 	}
 	c.syncHandler = c.syncUUID
+	if err := metrics.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "kopf_finalizer_waiting_objects",
+		Help: "Uuid objects being deleted whose deletion waits for kopf's finalizer (see --remove-kopf-finalizer).",
+	}, c.kopfFinalizerWaiting)); err != nil {
+		return nil, fmt.Errorf("registering the kopf finalizer gauge: %w", err)
+	}
+	if opts.RemoveKopfFinalizer {
+		c.policy = newKopfPolicy(c.client, metrics.KopfPolicyBound)
+	}
 	if err := informer.Informer().SetTransform(trimForCache); err != nil {
 		return nil, fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
 	}
@@ -105,30 +152,23 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 }
 
 // onUpdate queues the object unless the update is the informer returning
-// the controller's own Error write (see isErrorWriteEcho).
+// the controller's own Error write.
 func (c *Controller) onUpdate(logger klog.Logger, old, cur any) {
 	if !isErrorWriteEcho(old, cur) {
 		c.enqueue(logger, cur)
 	}
 }
 
-// isErrorWriteEcho tells whether an update is the return of the
-// controller's own Error status write, as sample-controller tells a resync
-// by comparing resourceVersions: the status of an object without a UUID
-// changed to state Error. Queueing that update would retry the object ahead
-// of its backoff, and after a rejected request (not retried until the
-// object changes) with an error text that differs each time, loop. A user's
-// update of a failed object leaves its status as it was, and a resync
-// changes nothing, so both are queued. It needs no record of the writes:
-// the informer delivers the write's update event with the version it was
-// written against as old, whenever the PATCH response arrives. Someone
-// else's status write of state Error looks the same; such an object waits
-// for its backoff, or (if dropped) its next update or resync.
+// isErrorWriteEcho tells whether an update is the informer returning the
+// controller's own Error status write (an object without a UUID whose
+// status changed to state Error), as sample-controller tells a resync by
+// comparing resourceVersions: queueing it would retry the object ahead of
+// its backoff.
 func isErrorWriteEcho(old, cur any) bool {
 	o, ok := old.(*cachedUUID)
 	n, ok2 := cur.(*cachedUUID)
-	return ok && ok2 && o.UID == n.UID && o.Status.UUID == "" && n.Status.UUID == "" &&
-		n.Status.State == StateError && !sameStatus(o.Status, n.Status)
+	return ok && ok2 && !o.hasUUID() && !n.hasUUID() && o.GetUID() == n.GetUID() &&
+		n.status().State == StateError && !sameStatus(o.status(), n.status())
 }
 
 // onDelete forgets a deleted object's failures: it needs nothing else (no
@@ -140,23 +180,31 @@ func (c *Controller) onDelete(obj any) {
 	}
 }
 
-// enqueue queues obj only when it lacks a valid UUID, so objects already done
-// (the whole cache at a restart, every resync) cost no queue traffic.
+// enqueue queues obj only when it needs work, so objects already done (the
+// whole cache at a restart, every resync) cost no queue traffic.
 func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	u, ok := obj.(*cachedUUID)
 	if !ok {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
 	}
-	if !c.needsWork(logger, u) {
-		return
+	if needsWork(u) {
+		c.queue.Add(cache.MetaObjectToName(u))
 	}
-	c.queue.Add(cache.MetaObjectToName(u))
+}
+
+// needsWork tells whether obj has anything for a worker: no UUID yet, or
+// kopf's finalizer holding its deletion (removed, or reported with the fix
+// when --remove-kopf-finalizer is off).
+func needsWork(obj *cachedUUID) bool {
+	return !obj.hasUUID() || kopf.FinalizerIndex(obj) >= 0
 }
 
 // Run starts workers and blocks until ctx is cancelled. It then stops taking
 // work and waits, up to ShutdownTimeout, for in-flight reconciles to finish,
 // so a caller holding a lease can release it only after the last write.
+// When ctx's cause is errLeaseLost, the reconciles in flight are cancelled
+// rather than waited for.
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	logger := klog.FromContext(ctx)
@@ -170,6 +218,10 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return nil
 	}
 	var wg sync.WaitGroup
+	if c.policy != nil {
+		c.policy.proveAtStart(ctx, c.store.List())
+		wg.Go(func() { c.policy.reprobeWhileMissing(ctx, c.store.List) })
+	}
 	for range workers {
 		wg.Go(func() {
 			for c.processNextWorkItem(ctx) {
@@ -204,15 +256,34 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 	}
 	// A reconcile in flight is allowed to finish after ctx is cancelled, so
 	// a PATCH is never cut off half-way through shutdown; it keeps ctx's
-	// values (the logger) and is bounded by SyncTimeout instead.
+	// values (the logger) and is bounded by SyncTimeout instead. Unless the
+	// lease is lost: then another replica may be writing already.
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		if leaseLost(ctx) {
+			cancel()
+		}
+	})
+	defer stop()
 	err := c.syncHandler(syncCtx, key)
+	if leaseLost(ctx) {
+		// No retry and no Error status: the next leader's informer lists
+		// the object and takes it from there.
+		return false
+	}
 	c.handleErr(syncCtx, key, err)
 	return true
 }
 
-// syncUUID assigns a UUID to the object named by key unless it has one.
+// leaseLost tells whether ctx was cancelled for a lost lease.
+func leaseLost(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errLeaseLost)
+}
+
+// syncUUID brings the object named by key to its one end state: a UUID in
+// its status and, once it is being deleted with --remove-kopf-finalizer,
+// no kopf finalizer.
 func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KRef(key.Namespace, key.Name))
 	ctx = klog.NewContext(ctx, logger)
@@ -225,34 +296,99 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	if err != nil {
 		return err
 	}
-	id, problem := obj.Status.UUID, obj.UUIDProblem
-	if id != "" {
+	kopfIndex := kopf.FinalizerIndex(obj)
+	switch {
+	case !obj.hasUUID():
+		return c.assignUUID(ctx, obj)
+	case kopfIndex >= 0 && c.opts.RemoveKopfFinalizer:
+		return c.removeKopfFinalizer(ctx, obj, kopfIndex)
+	case kopfIndex >= 0:
+		// Logged at every resync while it lasts: the deletion hangs until
+		// someone acts.
+		logger.Info("Object is being deleted but waits for kopf's finalizer; if the kopf operator is gone, run the controller with --remove-kopf-finalizer (docs/migrating-from-kopf.md)",
+			"finalizer", kopf.Finalizer)
+		return nil
+	default:
 		// A UUID is never regenerated: not on update, resync or restart.
-		logger.V(4).Info("Object already has a UUID", "uuid", id)
-		if c.releasesKopfFinalizer(obj) {
-			return c.releaseKopfFinalizer(ctx, obj)
-		}
+		logger.V(4).Info("Object already has a UUID", "uuid", obj.status().UUID)
 		return nil
 	}
-	if err := c.crdBlocked(); err != nil {
+}
+
+// assignUUID writes a new UUID to obj's status, unless the CRD is known to
+// be unable to hold it.
+func (c *Controller) assignUUID(ctx context.Context, obj *cachedUUID) error {
+	logger := klog.FromContext(ctx)
+	if err := c.crd.Blocked(); err != nil {
 		return err
 	}
-	if problem != "" {
+	if problem := obj.uuidProblem(); problem != "" {
 		// Per object, so at -v=2 like the assignment; the Warning Event
 		// tells the object's owner.
 		logger.V(2).Info("Replacing an invalid status", "problem", problem)
 		c.event(obj, corev1.EventTypeWarning, ReasonInvalid, "Replacing invalid status: "+problem)
 	}
-	st := assignedStatus(c.newUUID(), obj.Status.Conditions, metav1.Now())
+	st := assignedStatus(c.newUUID(), obj.status().Conditions, metav1.Now())
 	if err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
 	c.metrics.Assigned.Inc()
-	// Per object: at -v=0 a burst of 100,000 objects would log 100,000
-	// lines; uuids_assigned_total counts them.
+	if created := obj.GetCreationTimestamp(); !created.IsZero() {
+		c.metrics.AssignmentLatency.Observe(time.Since(created.Time).Seconds())
+	}
+	// Per object, so not at -v=0; uuids_assigned_total counts them.
 	logger.V(2).Info("Assigned UUID", "uuid", st.UUID)
 	c.event(obj, corev1.EventTypeNormal, ReasonAssigned, "Assigned UUID "+st.UUID)
 	return nil
+}
+
+// removeKopfFinalizer removes kopf's finalizer, at index i, from obj, which
+// is being deleted. A failed patch test (the finalizers changed under the
+// cache) comes back as a Conflict, so the object is retried from the
+// cache's newer view.
+func (c *Controller) removeKopfFinalizer(ctx context.Context, obj *cachedUUID, i int) error {
+	logger := klog.FromContext(ctx)
+	if err := c.policy.prove(ctx, obj.GetNamespace(), obj.GetName()); err != nil {
+		return fmt.Errorf("not removing finalizer %s from %s/%s: %w", kopf.Finalizer, obj.GetNamespace(), obj.GetName(), err)
+	}
+	patch, err := kopf.RemoveFinalizerPatch(i)
+	if err != nil {
+		return err
+	}
+	_, err = c.client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.JSONPatchType, patch,
+		metav1.PatchOptions{FieldManager: FieldManager})
+	switch {
+	case err == nil:
+		c.metrics.KopfFinalizersRemoved.Inc()
+		// Per object, so at -v=2 like an assignment; the metric counts them.
+		logger.V(2).Info("Removed kopf's finalizer from an object being deleted", "finalizer", kopf.Finalizer)
+		c.event(obj, corev1.EventTypeNormal, ReasonKopfFinalizerRemoved, "Removed finalizer "+kopf.Finalizer+": the kopf operator is gone")
+		return nil
+	case apierrors.IsNotFound(err):
+		return nil // deleted: its last finalizer went meanwhile
+	case kopf.IsFailedPatchTest(err):
+		return apierrors.NewConflict(uuidGVR.GroupResource(), obj.GetName(),
+			fmt.Errorf("kopf's finalizer is no longer at index %d: %w", i, err))
+	}
+	// Said on the object too: kubectl describe is where a user looks when
+	// a deletion hangs.
+	c.policy.forget()
+	err = fmt.Errorf("removing finalizer %s from %s/%s: %w", kopf.Finalizer, obj.GetNamespace(), obj.GetName(), err)
+	c.event(obj, corev1.EventTypeWarning, ReasonKopfFinalizerFailed, "Failed to remove kopf's finalizer: "+err.Error())
+	return err
+}
+
+// kopfFinalizerWaiting counts the cached objects whose deletion waits for
+// kopf's finalizer: the uuid_controller_kopf_finalizer_waiting_objects
+// gauge, computed at each scrape, so it is exact without tracking keys.
+func (c *Controller) kopfFinalizerWaiting() float64 {
+	n := 0
+	for _, obj := range c.store.List() {
+		if u, ok := obj.(*cachedUUID); ok && kopf.FinalizerIndex(u) >= 0 {
+			n++
+		}
+	}
+	return float64(n)
 }
 
 // get reads key from the informer's cache.
@@ -271,9 +407,13 @@ func (c *Controller) get(key cache.ObjectName) (*cachedUUID, error) {
 	return u, nil
 }
 
+// useStatusClient sends status writes with rc (newStatusClient), whose
+// successful responses are not decoded.
+func (c *Controller) useStatusClient(rc rest.Interface) { c.sendStatus = restPatcher(rc) }
+
 // writeStatus patches st onto obj and counts the result.
 func (c *Controller) writeStatus(ctx context.Context, obj *cachedUUID, st Status) error {
-	err := patchStatus(ctx, c.client, obj, st)
+	err := patchStatus(ctx, c.sendStatus, obj, st)
 	switch {
 	case err == nil:
 		c.metrics.StatusWrites.WithLabelValues("ok").Inc()
@@ -308,9 +448,16 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 	// Read before any Forget, which resets the count.
 	attempts := c.queue.NumRequeues(key) + 1
 	switch {
-	case c.waitsForCRD(ctx, key, err):
-		// The CRD cannot take the write (crdcheck.go): kept queued, so
-		// fixing the CRD heals the object with no restart or update.
+	case errors.Is(err, crdcheck.ErrNotReady):
+		// Kept queued, so fixing the CRD heals the object with no restart or
+		// update. The check has logged the problem and its fix once.
+		logger.V(4).Info("Holding back the status write until the CRD is fixed", "object", ref)
+		c.queue.AddRateLimited(key)
+	case apierrors.IsNotFound(err) && c.inCache(key):
+		// A missing status subresource, or a deletion the informer has yet
+		// to deliver; the check and the retry tell them apart.
+		logger.V(2).Info("Status write answered 404 for an object still in the cache; checking the CRD", "object", ref)
+		c.crd.Suspect()
 		c.queue.AddRateLimited(key)
 	case err == nil, apierrors.IsNotFound(err):
 		// Not found: the object was deleted between the cache read and the
@@ -354,6 +501,26 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 	}
 }
 
+// inCache tells whether the informer's cache holds key.
+func (c *Controller) inCache(key cache.ObjectName) bool {
+	_, err := c.get(key)
+	return err == nil
+}
+
+// requeueUnfinished queues every cached object that still needs work, with
+// its backoff and its count towards ErrorAfter started again: the attempts
+// held back for the CRD were no failure of the object's. It is the CRD
+// check's heal callback.
+func (c *Controller) requeueUnfinished(context.Context) {
+	for _, obj := range c.store.List() {
+		if u, ok := obj.(*cachedUUID); ok && needsWork(u) {
+			key := cache.MetaObjectToName(u)
+			c.queue.Forget(key)
+			c.queue.Add(key)
+		}
+	}
+}
+
 // isPermanent tells errors that no retry can fix: the apiserver rejected the
 // request itself.
 func isPermanent(err error) bool {
@@ -373,12 +540,12 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
 	}
-	if obj.Status.UUID != "" {
+	if obj.hasUUID() {
 		return
 	}
 	c.event(obj, corev1.EventTypeWarning, ReasonFailed, "Failed to assign a UUID: "+cause.Error())
-	st := errorStatus(cause, !isPermanent(cause), obj.Status.Conditions, metav1.Now())
-	if sameStatus(obj.Status, st) {
+	st := errorStatus(cause, !isPermanent(cause), obj.status().Conditions, metav1.Now())
+	if sameStatus(obj.status(), st) {
 		return // already says so; writing again would only wake the informer
 	}
 	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {
@@ -390,11 +557,9 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 const baseRetryDelay = 5 * time.Millisecond
 
 // rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
-// maxDelay. client-go's default controller limiter also has an overall
-// 10 qps bucket; it is left out because its reservations pile up: with
-// 10,000 objects failing through an outage each would be retried only every
-// 1,000 s, and the last some 17 minutes after the apiserver came back. The
-// apiserver is protected by the client's QPS limit and its own fairness.
+// maxDelay, without client-go's overall 10 qps bucket, whose reservations
+// pile up through an outage (docs/design.md); the client's QPS limit and the
+// apiserver's fairness protect the apiserver.
 func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
 	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
 }

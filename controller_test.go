@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/testlog"
 )
 
 // The transform must be set before the informer starts; NewController says
@@ -39,7 +43,7 @@ func TestNewControllerOnStartedInformer(t *testing.T) {
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	_, tctx := ktesting.NewTestContext(t)
-	_, err := NewController(tctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), Options{})
+	_, err := NewController(tctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), noCRDGate{}, Options{})
 	if err == nil || !strings.Contains(err.Error(), "must not have started") {
 		t.Errorf("err = %v, want one saying the informer must not have started", err)
 	}
@@ -50,7 +54,7 @@ func TestNewControllerRejectsNegativeOptions(t *testing.T) {
 	informer := dynamicinformer.NewDynamicSharedInformerFactory(client, 0).ForResource(uuidGVR)
 	_, ctx := ktesting.NewTestContext(t)
 	for _, opts := range []Options{{ErrorAfter: -1}, {MaxRetryDelay: -time.Second}} {
-		if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), opts); err == nil {
+		if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), noCRDGate{}, opts); err == nil {
 			t.Errorf("%+v accepted", opts)
 		}
 	}
@@ -75,10 +79,7 @@ func TestEnqueueOnlyObjectsWithoutUUID(t *testing.T) {
 // update by the old and new objects alone.
 func TestIsErrorWriteEcho(t *testing.T) {
 	cached := func(uid types.UID, rv string, st Status) *cachedUUID {
-		return &cachedUUID{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "obj", UID: uid, ResourceVersion: rv},
-			Status:     st,
-		}
+		return cachedWithStatus(t, "ns", "obj", uid, rv, st)
 	}
 	none := Status{}
 	failed := Status{State: StateError, Message: "boom"}
@@ -148,8 +149,8 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	echo := toCached(cur.(*unstructured.Unstructured))
-	if echo.Status.State != StateError {
-		t.Fatalf("status = %+v, want the Error write", echo.Status)
+	if echo.status().State != StateError {
+		t.Fatalf("status = %+v, want the Error write", echo.status())
 	}
 	f.ctrl.onUpdate(logger, echo, echo)
 	if f.ctrl.queue.Len() != 1 {
@@ -158,7 +159,7 @@ func TestOwnErrorWriteDoesNotRequeue(t *testing.T) {
 	k2, _ := f.ctrl.queue.Get()
 	f.ctrl.queue.Done(k2)
 	user := echo.DeepCopyObject().(*cachedUUID)
-	user.ResourceVersion = "99"
+	user.rv = 99
 	f.ctrl.onUpdate(logger, echo, user)
 	if f.ctrl.queue.Len() != 1 {
 		t.Error("a user's update of a failed object did not queue it")
@@ -413,7 +414,7 @@ func TestFailedReportIsLoggedAndRetryGoesOn(t *testing.T) {
 	failPatches(client, StateOk, forbidden)
 	failPatches(client, StateError, forbidden)
 	f := newFixtureWithClient(t, client, Options{ErrorAfter: 1}, obj)
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	logger, logs := testlog.New(t, 0)
 	f.ctx = klog.NewContext(f.ctx, logger)
 	k := key("default", "example")
 
@@ -421,7 +422,7 @@ func TestFailedReportIsLoggedAndRetryGoesOn(t *testing.T) {
 	f.drive(1)
 
 	var logged bool
-	for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
+	for _, e := range logs.Entries() {
 		if e.Type == ktesting.LogError && e.Message == "Failed to record the error in status" && apierrors.IsForbidden(e.Err) {
 			logged = true
 		}
@@ -663,7 +664,7 @@ func TestLogLinesAtDefaultVerbosity(t *testing.T) {
 	preconditionReactor(t, client)
 	fault := failPatches(client, StateOk, apierrors.NewServiceUnavailable("overloaded"))
 	f := newFixtureWithClient(t, client, Options{ErrorAfter: 4}, obj)
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(0), ktesting.BufferLogs(true)))
+	logger, logs := testlog.New(t, 0)
 	f.ctx = klog.NewContext(f.ctx, logger)
 	k := key("default", "example")
 
@@ -679,7 +680,7 @@ func TestLogLinesAtDefaultVerbosity(t *testing.T) {
 	}
 
 	var lines []string
-	for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
+	for _, e := range logs.Entries() {
 		lines = append(lines, string(e.Type)+" "+e.Message)
 	}
 	want := []string{
@@ -688,5 +689,88 @@ func TestLogLinesAtDefaultVerbosity(t *testing.T) {
 	}
 	if !slices.Equal(lines, want) {
 		t.Errorf("-v=0 log lines for 6 failures and an assignment:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// fakeCRDGate is a CRD check whose state a test sets; it counts Suspect
+// calls.
+type fakeCRDGate struct {
+	blocked  error
+	suspects int
+}
+
+func (g *fakeCRDGate) Blocked() error { return g.blocked }
+func (g *fakeCRDGate) Suspect()       { g.suspects++ }
+
+// While the CRD is known to be wrong nothing is written and nothing is
+// reported on the objects (no Error status that would 404 too, no Event
+// per object), however many attempts; the key stays queued with backoff,
+// and the heal callback queues it again at once.
+func TestWritesWaitForTheCRD(t *testing.T) {
+	f := newFixture(t, Options{ErrorAfter: 1}, newUUIDObject("default", "example", "5"))
+	gate := &fakeCRDGate{blocked: fmt.Errorf("%w: the CRD has no status subresource", crdcheck.ErrNotReady)}
+	f.ctrl.crd = gate
+
+	f.ctrl.queue.Add(key("default", "example"))
+	f.drive(3)
+	if ps := f.patches(); len(ps) != 0 {
+		t.Errorf("%d patches sent while the CRD is wrong, want 0", len(ps))
+	}
+	if ev := f.events(); len(ev) != 0 {
+		t.Errorf("events = %q, want none: the CRD problem is reported once, by the checker", ev)
+	}
+	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 3 {
+		t.Errorf("requeues = %d, want 3", n)
+	}
+	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
+		t.Errorf("dropped = %v", d)
+	}
+
+	gate.blocked = nil
+	f.ctrl.requeueUnfinished(f.ctx)
+	if n := f.ctrl.queue.Len(); n != 1 {
+		t.Fatalf("queue length after the fix = %d, want the object queued at once", n)
+	}
+	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 0 {
+		t.Errorf("requeues after the fix = %d, want its backoff started again", n)
+	}
+	f.drive(1)
+	if ps := f.patches(); len(ps) != 1 {
+		t.Errorf("%d patches after the fix, want 1", len(ps))
+	}
+}
+
+// A 404 on the status write for an object the cache still holds is a
+// missing status subresource or a deletion not yet delivered: the key is
+// retried and a CRD check asked for; once the cache has lost the object
+// too, it is forgotten, never counted as a failure.
+func TestNotFoundOnPatchAsksForACheck(t *testing.T) {
+	obj := newUUIDObject("default", "example", "5")
+	f := newFixtureWithClient(t, newClient(t), Options{}, obj) // cached, but gone from the API
+	gate := &fakeCRDGate{}
+	f.ctrl.crd = gate
+	f.ctrl.queue.Add(key("default", "example"))
+	f.drive(1)
+	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 1 {
+		t.Errorf("requeues = %d, want 1: a 404 the cache cannot explain is retried", n)
+	}
+	if gate.suspects != 1 {
+		t.Errorf("CRD checks asked for = %d, want 1", gate.suspects)
+	}
+	if err := f.indexer.Delete(toCached(obj)); err != nil {
+		t.Fatal(err)
+	}
+	f.drive(1)
+	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 0 || f.ctrl.queue.Len() != 0 {
+		t.Errorf("requeues = %d, queue length %d once the object left the cache, want it forgotten", n, f.ctrl.queue.Len())
+	}
+	if gate.suspects != 1 {
+		t.Errorf("CRD checks asked for = %d, want still 1 for a deleted object", gate.suspects)
+	}
+	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("not_found")); got != 1 {
+		t.Errorf("not_found writes = %v, want 1", got)
+	}
+	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
+		t.Errorf("dropped = %v", d)
 	}
 }

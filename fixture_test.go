@@ -77,12 +77,18 @@ func newFixtureWithClient(t *testing.T, client *dynamicfake.FakeDynamicClient, o
 	_, ctx := ktesting.NewTestContext(t)
 	f := &fixture{t: t, ctx: ctx, client: client, recorder: record.NewFakeRecorder(100), metrics: NewMetrics()}
 	informer := dynamicinformer.NewDynamicSharedInformerFactory(client, 0).ForResource(uuidGVR)
-	ctrl, err := NewController(ctx, client, informer, f.recorder, f.metrics, opts)
+	ctrl, err := NewController(ctx, client, informer, f.recorder, f.metrics, noCRDGate{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctrl.synced = func() bool { return true }
 	ctrl.newUUID = func() uuid.UUID { return uuid.MustParse(testUUID) }
+	if ctrl.policy != nil {
+		// The admission policy binds, proven at start: kopfpolicy_test.go
+		// tests the proof.
+		ctrl.policy.probe = func(context.Context, string, string) error { return nil }
+		ctrl.policy.proven = true
+	}
 	t.Cleanup(ctrl.queue.ShutDown)
 	f.ctrl = ctrl
 	f.indexer = informer.Informer().GetIndexer()

@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"k8s.io/client-go/rest"
 )
 
 func parse(args ...string) (*config, error) {
@@ -24,7 +27,7 @@ func TestFlagDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" || !c.secureMetrics.secure {
+	if c.workers < 1 || c.eventLevel != "Warning" || c.leader.Name != controllerName || c.leader.Namespace == "" || !c.secureMetrics.Secure {
 		t.Errorf("defaults = %+v", c)
 	}
 	if c, err := parse("--namespace=team-a", "--leader-elect", "--leader-elect-name=uuid.controller"); err != nil || c.namespace != "team-a" {
@@ -49,6 +52,10 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--leader-elect", "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=9s"}, "1.2 times --leader-elect-retry-period"},
 		{[]string{"--resync=-1s"}, "--resync must not be negative"},
 		{[]string{"--kube-api-qps=0"}, "must be positive"},
+		{[]string{"--kube-api-qps=-2"}, "--kube-api-qps (or -1 for no limit) and --kube-api-burst must be positive, got -2 and 1000"},
+		{[]string{"--kube-api-qps=100", "--kube-api-burst=0"}, "must be positive, got 100 and 0"},
+		{[]string{"--kube-api-read-idle-timeout=0"}, "must be whole seconds, at least 1s"},
+		{[]string{"--kube-api-ping-timeout=1500ms"}, "must be whole seconds, at least 1s"},
 		{[]string{"--shutdown-timeout=0"}, "--shutdown-timeout must be positive"},
 		{[]string{"--event-level=Info"}, `--event-level must be Normal or Warning, got "Info"`},
 		{[]string{"--leader-elect", "--leader-elect-lease-duration=5s"}, "must exceed"},
@@ -96,7 +103,7 @@ func TestHealthHandler(t *testing.T) {
 // A missing CRD keeps the informer from syncing: /readyz must name the CRD
 // problem and its fix, not only the unsynced cache.
 func TestReadinessGivesEveryReason(t *testing.T) {
-	crdErr := fmt.Errorf("%w: demo.operator/v1 is not served; %s", errCRDNotReady, crdFix)
+	crdErr := fmt.Errorf("%w: demo.operator/v1 is not served; %s", crdcheck.ErrNotReady, crdFix)
 	for _, tc := range []struct {
 		name   string
 		synced bool
@@ -151,9 +158,11 @@ func TestServeRejectsBadAddress(t *testing.T) {
 	wait() // a disabled server returns at once
 }
 
-// In a pod the Lease goes to the pod's own namespace, read from the
-// ServiceAccount mount; elsewhere, or when that file is empty, uuid-system.
+// In a pod the Lease goes to the pod's own namespace: $POD_NAMESPACE (the
+// Deployment's downward API), else the ServiceAccount mount; elsewhere, or
+// when both are empty, uuid-system.
 func TestDefaultLeaseNamespace(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
 	orig := serviceAccountNamespaceFile
 	t.Cleanup(func() { serviceAccountNamespaceFile = orig })
 	dir := t.TempDir()
@@ -173,5 +182,30 @@ func TestDefaultLeaseNamespace(t *testing.T) {
 	serviceAccountNamespaceFile = filepath.Join(dir, "missing")
 	if got := defaultLeaseNamespace(); got != "uuid-system" {
 		t.Errorf("no namespace file: lease namespace %q, want uuid-system", got)
+	}
+	t.Setenv("POD_NAMESPACE", "team-b")
+	if got := defaultLeaseNamespace(); got != "team-b" {
+		t.Errorf("POD_NAMESPACE=team-b: lease namespace %q, want team-b", got)
+	}
+}
+
+func TestTuneClient(t *testing.T) {
+	c, err := parse("--kube-api-qps=250", "--kube-api-burst=300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rest.Config{}
+	tuneClient(rc, c)
+	if rc.QPS != 250 || rc.Burst != 300 || rc.UserAgent != controllerName || !rc.DisableCompression {
+		t.Errorf("client config = QPS %v, burst %d, user agent %q, compression disabled %v; want 250, 300, %q, true",
+			rc.QPS, rc.Burst, rc.UserAgent, rc.DisableCompression, controllerName)
+	}
+	d, err := parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tuneClient(rc, d)
+	if rc.QPS >= 0 {
+		t.Errorf("default QPS = %v, want client-side limiting off (< 0)", rc.QPS)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -44,13 +45,20 @@ func defaultLeaderElection() LeaderElection {
 // errLeaseLost ends a leader that could not renew its lease (an apiserver
 // or etcd outage longer than the renew deadline, a lease taken over). The
 // process exits non-zero, as Kubernetes' own components do, and restarts as
-// a standby with a fresh view of the world.
+// a standby with a fresh view of the world. As the cause of the work's
+// context it also cancels the writes in flight (Controller.Run).
 var errLeaseLost = errors.New("leader lease lost")
 
-// runLeading runs work while this process holds the lease. It returns nil
-// when ctx is cancelled (after work has returned and the lease is released,
-// so the next leader starts as soon as this one's last write is done), and
-// errLeaseLost when the lease is lost (after work has returned).
+// runLeading runs work while this process holds the lease, and stops
+// writing before it lets go: whether ctx is cancelled (SIGTERM) or the
+// lease is lost, work returns first (after a SIGTERM its writes in flight
+// finish, after a loss they are cancelled), then the elector stops, and
+// only then is the lease released, if this process still holds it. So the
+// next leader's first write comes after this one's last. It returns nil
+// when ctx is cancelled and errLeaseLost when the lease is lost.
+//
+// client-go's ReleaseOnCancel is not used: it releases the lease before
+// cancelling the context work runs under.
 func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, metrics *Metrics, work func(context.Context)) error {
 	logger := klog.FromContext(ctx)
 	host, err := os.Hostname()
@@ -66,10 +74,7 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 	}
 
 	// The elector gets a context of its own, cancelled only after work has
-	// returned: cancelling it releases the lease, so the next leader starts
-	// after this one's last write. (If reconciles outlast
-	// --shutdown-timeout, work returns without them; a write of theirs that
-	// lands late is still guarded by its resourceVersion precondition.)
+	// returned, so it renews the lease for as long as work may write.
 	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer leCancel()
 	workDone := make(chan struct{})
@@ -81,12 +86,11 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 		leading, stopping bool
 	)
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            lock,
-		LeaseDuration:   cfg.LeaseDuration,
-		RenewDeadline:   cfg.RenewDeadline,
-		RetryPeriod:     cfg.RetryPeriod,
-		ReleaseOnCancel: true,
-		Name:            controllerName,
+		Lock:          lock,
+		LeaseDuration: cfg.LeaseDuration,
+		RenewDeadline: cfg.RenewDeadline,
+		RetryPeriod:   cfg.RetryPeriod,
+		Name:          controllerName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leadCtx context.Context) {
 				mu.Lock()
@@ -99,10 +103,14 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 				defer close(workDone)
 				metrics.Leader.Set(1)
 				defer metrics.Leader.Set(0)
-				workCtx, cancel := context.WithCancel(leadCtx)
-				defer cancel()
-				stop := context.AfterFunc(ctx, cancel)
-				defer stop()
+				// Not a child of leadCtx, whose cancellation carries no
+				// cause: whichever of the two ends comes first names it.
+				workCtx, cancel := context.WithCancelCause(context.WithoutCancel(leadCtx))
+				defer cancel(nil)
+				stopLost := context.AfterFunc(leadCtx, func() { cancel(errLeaseLost) })
+				defer stopLost()
+				stopCtx := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+				defer stopCtx()
 				work(workCtx)
 			},
 			OnStoppedLeading: func() {
@@ -143,8 +151,42 @@ func runLeading(ctx context.Context, client kubernetes.Interface, cfg LeaderElec
 	}
 	leCancel()
 	<-elected
+	if wasLeading {
+		releaseLease(ctx, lock, id, cfg.RenewDeadline)
+	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", errLeaseLost, klog.KRef(cfg.Namespace, cfg.Name))
+}
+
+// releaseLease clears the lease's holder if it is still id, as client-go's
+// ReleaseOnCancel would, so a standby takes over at once rather than after
+// the lease duration. The update is conditional on the lease's
+// resourceVersion from the read, so a lease taken over meanwhile is left
+// alone. A failure only delays the takeover, so it is logged, not returned.
+func releaseLease(ctx context.Context, lock resourcelock.Interface, id string, timeout time.Duration) {
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	rec, _, err := lock.Get(ctx)
+	if err != nil {
+		logger.Error(err, "Could not read the leader lease to release it; the next leader waits for it to expire", "lease", lock.Describe())
+		return
+	}
+	if rec.HolderIdentity != id {
+		return // taken over, or released
+	}
+	now := metav1.NewTime(time.Now())
+	err = lock.Update(ctx, resourcelock.LeaderElectionRecord{
+		LeaderTransitions:    rec.LeaderTransitions,
+		LeaseDurationSeconds: 1,
+		AcquireTime:          now,
+		RenewTime:            now,
+	})
+	if err != nil {
+		logger.Error(err, "Could not release the leader lease; the next leader waits for it to expire", "lease", lock.Describe())
+		return
+	}
+	logger.Info("Released the leader lease", "lease", lock.Describe())
 }

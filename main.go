@@ -4,15 +4,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"reflect"
+	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -20,7 +23,16 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/kopf"
+	"github.com/demo-operator/uuid-controller/internal/memlimit"
+	"github.com/demo-operator/uuid-controller/internal/metricsserver"
+	"github.com/demo-operator/uuid-controller/internal/version"
 )
+
+// crdFix is the remedy every CRD problem names.
+const crdFix = "apply the controller's CRD: kubectl apply -f crd.yaml"
 
 func main() {
 	klog.InitFlags(nil)
@@ -31,6 +43,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "uuid-controller:", err)
 		os.Exit(2)
+	}
+	if cfg.printVersion {
+		fmt.Println(version.Get())
+		os.Exit(0)
 	}
 	ctx := klog.NewContext(setupSignalHandler(), klog.Background())
 	if err := run(ctx, cfg); err != nil {
@@ -47,13 +63,19 @@ func run(ctx context.Context, cfg *config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	logger := klog.FromContext(ctx)
+	build := version.Get()
+	logger.Info("Starting uuid-controller", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion)
+	memLimit, err := memlimit.FromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	logger.Info("Go memory limit", "bytes", memLimit.Bytes, "source", memLimit.Source)
+	setHTTP2HealthCheck(cfg.readIdle, cfg.pingTimeout)
 	restConfig, err := buildConfig(cfg.kubeconfig, cfg.master)
 	if err != nil {
 		return err
 	}
-	restConfig.QPS = float32(cfg.qps)
-	restConfig.Burst = cfg.burst
-	restConfig.UserAgent = controllerName
+	tuneClient(restConfig, cfg)
 	dyn, err := dynamic.NewForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("building dynamic client: %w", err)
@@ -72,19 +94,31 @@ func run(ctx context.Context, cfg *config) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: controllerName})
 
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.resync, cfg.namespace, nil)
-	informer := factory.ForResource(uuidGVR)
-	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, cfg.opts)
-	if err != nil {
-		return err
-	}
+	informer := newInformer(dyn, cfg.namespace, cfg.resync)
 	disc, err := discovery.NewDiscoveryClientForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("building discovery client: %w", err)
 	}
-	crd := newCRDChecker(disc, metrics.CRDReady)
-	ctrl.useCRDChecker(crd)
-	ready := readiness(informer.Informer().HasSynced, crd.Ready)
+	crd := crdcheck.New(crdcheck.Config{
+		Discovery: disc, Resource: uuidGVR, Kind: uuidKind,
+		Status: reflect.TypeFor[Status](), Samples: statusSamples,
+		Fix:   crdFix,
+		Ready: metrics.CRDReady,
+	})
+	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, crd, cfg.opts)
+	if err != nil {
+		return err
+	}
+	statusClient, err := newStatusClient(restConfig)
+	if err != nil {
+		return err
+	}
+	ctrl.useStatusClient(statusClient)
+	checks := []func() error{crd.Ready}
+	if ctrl.policy != nil {
+		checks = append(checks, ctrl.policy.Ready)
+	}
+	ready := readiness(informer.Informer().HasSynced, checks...)
 
 	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
 	if err != nil {
@@ -93,9 +127,14 @@ func run(ctx context.Context, cfg *config) error {
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	defer func() { cancel(); waitHealth() }()
-	metricsPage, metricsTLS, err := secureMetrics(ctx, cfg.metricsAddr, cfg.secureMetrics, restConfig, metrics, metricsHandler(metrics.Registry, queueRegistry))
-	if err != nil {
-		return err
+	metricsPage, metricsTLS := metricsHandler(metrics.Registry, queueRegistry), (*tls.Config)(nil)
+	if serverEnabled(cfg.metricsAddr) {
+		secure := cfg.secureMetrics
+		secure.Name = controllerName
+		metricsPage, metricsTLS, err = metricsserver.Secure(ctx, secure, restConfig, metrics.MetricsRequests, metricsPage)
+		if err != nil {
+			return err
+		}
 	}
 	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsTLS, metricsPage)
 	if err != nil {
@@ -103,15 +142,18 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	defer func() { cancel(); waitMetrics() }()
 
-	// Start does not block. Standbys run the informer too, so a new leader
-	// starts with a warm cache.
-	factory.Start(ctx.Done())
-	defer func() { cancel(); factory.Shutdown() }()
+	// Standbys run the informer too, so a new leader starts with a warm
+	// cache.
+	informerDone := make(chan struct{})
+	go func() { defer close(informerDone); informer.Informer().RunWithContext(ctx) }()
+	defer func() { cancel(); <-informerDone }()
 	crdDone := make(chan struct{})
-	go func() { defer close(crdDone); crd.Run(ctx) }()
+	// Once a wrong CRD is fixed, the objects held back are queued at once
+	// rather than at the end of their backoff.
+	go func() { defer close(crdDone); crd.Run(ctx, ctrl.requeueUnfinished) }()
 	defer func() { cancel(); <-crdDone }()
 	if cfg.opts.RemoveKopfFinalizer {
-		logger.Info("Removing kopf's finalizer from Uuid objects being deleted", "finalizer", kopfFinalizer)
+		logger.Info("Removing kopf's finalizer from Uuid objects being deleted", "finalizer", kopf.Finalizer)
 	}
 	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
 
@@ -126,6 +168,31 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 	return runErr
+}
+
+// tuneClient sets what the controller asks of every client: its rate limit
+// (none by default) and user agent, and no gzip. Since 1.37 the apiserver
+// compresses a watch-list stream (the informer's initial state) when asked,
+// and Go's transport asks by default; on the apiserver's own network that
+// costs both sides CPU at a restart and saves nothing (BENCHMARKS.md).
+func tuneClient(rc *rest.Config, cfg *config) {
+	rc.QPS = float32(cfg.qps)
+	rc.Burst = cfg.burst
+	rc.UserAgent = controllerName
+	rc.DisableCompression = true
+}
+
+// setHTTP2HealthCheck sets how soon a silently dead apiserver connection (a
+// firewall or NAT that forgot the flow) is noticed: after readIdle without
+// a frame read the connection is pinged, and closed if the ping is not
+// answered within ping, so requests and watches reconnect. client-go reads
+// these from the environment when it builds a transport
+// (k8s.io/apimachinery/pkg/util/net), so they are set before any client
+// is; its defaults (30 s and 15 s) take 45 s, past the leader's 10 s renew
+// deadline.
+func setHTTP2HealthCheck(readIdle, ping time.Duration) {
+	os.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", strconv.Itoa(int(readIdle/time.Second)))
+	os.Setenv("HTTP2_PING_TIMEOUT_SECONDS", strconv.Itoa(int(ping/time.Second)))
 }
 
 // buildConfig picks the API server config: --kubeconfig or --master when

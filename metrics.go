@@ -6,6 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/demo-operator/uuid-controller/internal/version"
 )
 
 const metricsNamespace = "uuid_controller"
@@ -29,15 +31,22 @@ type Metrics struct {
 	// leader election).
 	Leader prometheus.Gauge
 	// MetricsRequests counts requests to the secure /metrics, by result
-	// (ok, unauthenticated, forbidden, review_failed), so scrapes refused
-	// for an apiserver outage show once a scrape gets through again.
+	// (ok, unauthenticated, forbidden, rate_limited, review_failed) and
+	// reason (internal/metricsserver), so refusals show, and scrapes
+	// refused for an apiserver outage show once one gets through again.
 	MetricsRequests *prometheus.CounterVec
 	// CRDReady is 1 while the installed CRD can hold what the controller
-	// writes (crdcheck.go).
+	// writes (internal/crdcheck).
 	CRDReady prometheus.Gauge
 	// KopfFinalizersRemoved counts kopf finalizers removed from objects
-	// being deleted (kopf.go).
+	// being deleted (internal/kopf).
 	KopfFinalizersRemoved prometheus.Counter
+	// AssignmentLatency observes, per UUID assigned, the seconds from the
+	// object's creationTimestamp to the successful status write.
+	AssignmentLatency prometheus.Histogram
+	// KopfPolicyBound is 1 once a dry run has proven that the admission
+	// policy binds the controller (kopfpolicy.go).
+	KopfPolicyBound prometheus.Gauge
 }
 
 // NewMetrics builds the controller metrics plus Go and process collectors.
@@ -66,8 +75,8 @@ func NewMetrics() *Metrics {
 		}),
 		MetricsRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "metrics_requests_total",
-			Help: "Requests to the secure /metrics, by result of their authentication and authorization.",
-		}, []string{"result"}),
+			Help: "Requests to the secure /metrics, by result of their authentication and authorization and the reason for it.",
+		}, []string{"result", "reason"}),
 		CRDReady: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "crd_ready",
 			Help: "1 while the installed Uuid CRD has the status subresource and schema the controller needs; 0 while it does not or before the first check.",
@@ -76,13 +85,33 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Name: "kopf_finalizers_removed_total",
 			Help: "kopf finalizers removed from Uuid objects being deleted (--remove-kopf-finalizer).",
 		}),
+		AssignmentLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "assignment_latency_seconds",
+			Help: "Seconds from an object's creationTimestamp (whole seconds, so up to 1 s early) to the status write that assigned its UUID.",
+			// From the apiserver's one-second timestamp resolution up to
+			// the hour an outage or a stopped controller can take.
+			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+		KopfPolicyBound: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "kopf_policy_bound",
+			Help: "1 once a dry run the admission policy uuid-controller-kopf-migration must deny was denied (--remove-kopf-finalizer); 0 before, or while such a dry run is allowed, when no kopf finalizer is removed.",
+		}),
 	}
 	// Known results are exported as 0 from the start, so a rate over them
 	// works before the first write and a missing series means a rename.
 	for _, result := range []string{"ok", "conflict", "not_found", "error"} {
 		m.StatusWrites.WithLabelValues(result)
 	}
-	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests, m.CRDReady, m.KopfFinalizersRemoved,
+	// Constant 1, its labels the running build, as kube-state-metrics and
+	// Prometheus export theirs: join on it to see versions during a rollout.
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "build_info",
+		Help: "1, labelled with the running build's version, git revision and Go version.",
+	}, []string{"version", "revision", "goversion"})
+	build := version.Get()
+	buildInfo.WithLabelValues(build.Version, build.Revision, build.GoVersion).Set(1)
+	m.Registry.MustRegister(buildInfo)
+	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests, m.CRDReady, m.KopfFinalizersRemoved, m.KopfPolicyBound, m.AssignmentLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -27,7 +27,7 @@ type Options struct {
 	// assignment) as well as Warnings.
 	NormalEvents bool
 	// RemoveKopfFinalizer removes kopf's finalizer from objects being
-	// deleted (kopf.go). Off by default: it needs patch on uuid itself.
+	// deleted (controller.go, removeKopfFinalizer). Off by default: it needs patch on uuid itself.
 	RemoveKopfFinalizer bool
 }
 

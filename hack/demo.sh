@@ -8,7 +8,16 @@ go build -o bin/uuid-controller .
 # As its ServiceAccount, not admin: the demo runs on deploy/rbac.yaml's grants.
 bin/uuid-controller --kubeconfig "${CONTROLLER_KUBECONFIG:-$KUBECONFIG}" --health-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 &
 ctrl=$!
-trap 'kill -TERM $ctrl 2>/dev/null; wait $ctrl' EXIT
+stop() {
+	trap '' INT TERM # a second signal must not cut the stop short
+	kill -TERM $ctrl 2>/dev/null || true
+	wait $ctrl || true
+	echo "demo: the controller stopped"
+}
+trap stop EXIT
+# Ctrl-C (SIGINT from the terminal, SIGTERM from hack/cluster) is how the
+# demo ends: a clean stop, exit 0.
+trap 'exit 0' INT TERM
 kubectl apply -f examples/uuid.yaml
 id=""
 for _ in $(seq 100); do

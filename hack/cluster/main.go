@@ -81,14 +81,27 @@ func run() int {
 		log.Error("start cluster", "err", err)
 		return 1
 	}
-	defer func() {
-		if err := c.Stop(); err != nil {
-			log.Error("stop cluster", "err", err)
-		}
-	}()
+	if *node {
+		log.Info("the node's registry: make image-push IMG=$REGISTRY/uuid-controller:TAG REGISTRY_CA=$CA",
+			"REGISTRY", c.Registry(), "CA", c.RegistryCA())
+	}
+	code := serve(ctx, log, c, root, *apply, *kubeconfigOut, command)
+	if err := c.Stop(); err != nil {
+		log.Error("stop cluster", "err", err)
+		return 1
+	}
+	// The last line: a stop the user asked for (Ctrl-C) is not a failure.
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "Stopped as asked: the command and the cluster are down.")
+	}
+	return code
+}
 
+// serve applies the manifests, writes the kubeconfigs, then runs command,
+// or waits for a signal when there is none, and returns the exit code.
+func serve(ctx context.Context, log *slog.Logger, c *cluster.Cluster, root, apply, kubeconfigOut string, command []string) int {
 	var manifests []string
-	for _, m := range strings.Split(*apply, ",") {
+	for _, m := range strings.Split(apply, ",") {
 		if m = strings.TrimSpace(m); m == "" {
 			continue
 		}
@@ -102,7 +115,7 @@ func run() int {
 		log.Info("applied", "manifests", manifests)
 	}
 
-	kc, err := filepath.Abs(*kubeconfigOut)
+	kc, err := filepath.Abs(kubeconfigOut)
 	if err != nil {
 		log.Error("kubeconfig path", "err", err)
 		return 1
@@ -162,22 +175,39 @@ func runCommand(ctx context.Context, log *slog.Logger, command []string, kubecon
 	cmd.WaitDelay = 30 * time.Second
 	log.Info("running command", "command", command)
 	err := cmd.Run()
+	if ee := (*exec.ExitError)(nil); err != nil && !errors.As(err, &ee) && ctx.Err() == nil {
+		log.Error("run command", "command", command, "err", err)
+	}
+	code := exitCode(err, ctx.Err() != nil)
+	log.Info("command finished", "exit_code", code)
+	return code
+}
+
+// exitCode maps how the command ended (cmd.Run's error) to this program's
+// exit code: the command's own code, 128+N if signal N killed it, 127 if it
+// could not run. When the user asked to stop (stopping: SIGINT or SIGTERM
+// reached this program, which sends the command SIGTERM), the command
+// ending on that signal, by it, with a shell's 130 or 143, or with 0, is a
+// clean stop: 0.
+func exitCode(err error, stopping bool) int {
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
-		log.Info("command finished", "exit_code", 0)
 		return 0
-	case errors.As(err, &ee):
-		code := ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
-		}
-		log.Info("command finished", "exit_code", code)
-		return code
-	default:
-		log.Error("run command", "command", command, "err", err)
+	case stopping && errors.Is(err, context.Canceled):
+		// Wait's answer when the command exited 0 after the SIGTERM.
+		return 0
+	case !errors.As(err, &ee):
 		return 127
 	}
+	code := ee.ExitCode()
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		code = 128 + int(ws.Signal())
+	}
+	if stopping && (code == 128+int(syscall.SIGINT) || code == 128+int(syscall.SIGTERM)) {
+		return 0
+	}
+	return code
 }
 
 // inRepo makes a path relative to the repo root absolute.

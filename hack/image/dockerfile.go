@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"path"
+	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
@@ -20,6 +23,11 @@ type spec struct {
 	User       string
 	Entrypoint []string
 	Ports      []string // as EXPOSE wrote them, e.g. "8080" or "53/udp"
+	// Labels as LABEL wrote them, before build arguments are expanded.
+	Labels []instructions.KeyValuePair
+	// Args are the final stage's ARGs (name to default, nil for none): the
+	// build arguments its LABELs may use.
+	Args map[string]*string
 
 	// Copies from the build context, in Dockerfile order.
 	ContextCopies []contextCopy
@@ -27,7 +35,16 @@ type spec struct {
 	// Binary is where the final stage puts the binary the build stage built.
 	Binary string
 	// Build is the build stage's `go build` command that produced it.
-	Build goBuild
+	Build buildCommand
+}
+
+// buildCommand is the build stage's `go build` RUN line before build
+// arguments are expanded, with the ARGs declared before it: docker expands
+// them per platform (TARGETOS, TARGETARCH) and per build (--build-arg).
+type buildCommand struct {
+	Line   int
+	Script string
+	Args   map[string]*string
 }
 
 type contextCopy struct {
@@ -44,7 +61,7 @@ type goBuild struct {
 }
 
 // parseDockerfile reads a Dockerfile whose final stage is `FROM scratch` and
-// holds only COPY, USER, EXPOSE and an exec-form ENTRYPOINT.
+// holds only ARG, LABEL, COPY, USER, EXPOSE and an exec-form ENTRYPOINT.
 func parseDockerfile(r io.Reader) (*spec, error) {
 	ast, err := parser.Parse(r)
 	if err != nil {
@@ -62,8 +79,9 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 		return nil, fmt.Errorf("Dockerfile lint: %s", strings.Join(lintErrs, "; "))
 	}
 	if len(metaArgs) > 0 {
-		// A build argument could change the image between docker and here.
-		return nil, fmt.Errorf("Dockerfile: ARG before FROM is not supported: the image must not depend on build arguments")
+		// Build arguments are declared in the stage that uses them, where
+		// docker and this tool expand them alike.
+		return nil, fmt.Errorf("Dockerfile: ARG before FROM is not supported: declare build arguments in the stage that uses them")
 	}
 	if len(stages) == 0 {
 		return nil, fmt.Errorf("Dockerfile: no FROM")
@@ -79,7 +97,7 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 		return nil, fmt.Errorf("Dockerfile: final stage sets --platform %s; the binary's own GOOS/GOARCH decide the platform", final.Platform)
 	}
 
-	s := &spec{}
+	s := &spec{Args: map[string]*string{}}
 	var binaryStage string
 	for _, cmd := range final.Commands {
 		switch c := cmd.(type) {
@@ -110,6 +128,12 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 				return nil, err
 			}
 			s.Build = *build
+		case *instructions.ArgCommand:
+			for _, a := range c.Args {
+				s.Args[a.Key] = a.Value
+			}
+		case *instructions.LabelCommand:
+			s.Labels = append(s.Labels, c.Labels...)
 		case *instructions.UserCommand:
 			s.User = c.User
 		case *instructions.ExposeCommand:
@@ -120,7 +144,7 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 			}
 			s.Entrypoint = c.CmdLine
 		default:
-			return nil, fmt.Errorf("Dockerfile line %d: %q in the final stage is not supported (only COPY, USER, EXPOSE, ENTRYPOINT)", line(cmd), cmd.Name())
+			return nil, fmt.Errorf("Dockerfile line %d: %q in the final stage is not supported (only ARG, LABEL, COPY, USER, EXPOSE, ENTRYPOINT)", line(cmd), cmd.Name())
 		}
 	}
 	switch {
@@ -149,28 +173,115 @@ func checkPinned(stages []instructions.Stage) error {
 }
 
 // findGoBuild finds the RUN in the named build stage whose `go build -o`
-// writes the file the final stage copies.
-func findGoBuild(stages []instructions.Stage, name, output string) (*goBuild, error) {
+// writes the file the final stage copies. The RUN is checked here with the
+// ARGs' defaults, for linux/amd64; checkBinary expands it again for each
+// binary's platform and build arguments.
+func findGoBuild(stages []instructions.Stage, name, output string) (*buildCommand, error) {
 	for _, st := range stages {
 		if st.Name != name {
 			continue
 		}
+		args := map[string]*string{}
 		for _, cmd := range st.Commands {
+			if a, ok := cmd.(*instructions.ArgCommand); ok {
+				for _, kv := range a.Args {
+					args[kv.Key] = kv.Value
+				}
+				continue
+			}
 			run, ok := cmd.(*instructions.RunCommand)
 			if !ok || !run.PrependShell || len(run.CmdLine) != 1 || !strings.Contains(run.CmdLine[0], "go build") {
 				continue
 			}
-			b, err := parseGoBuild(run.CmdLine[0])
+			bc := &buildCommand{Line: line(run), Script: run.CmdLine[0], Args: maps.Clone(args)}
+			b, err := bc.expand(platform{OS: "linux", Arch: "amd64"}, nil)
 			if err != nil {
-				return nil, fmt.Errorf("Dockerfile line %d: %w", line(run), err)
+				return nil, err
 			}
 			if b.Output == output {
-				return b, nil
+				return bc, nil
 			}
 		}
 		return nil, fmt.Errorf("Dockerfile: stage %q has no RUN go build -o %s", name, output)
 	}
 	return nil, fmt.Errorf("Dockerfile: COPY --from=%s names no earlier stage", name)
+}
+
+// platformArgs are the build arguments docker sets from the target
+// platform when a stage declares them (BuildKit's automatic platform ARGs).
+func platformArgs(p platform) map[string]string {
+	return map[string]string{
+		"TARGETPLATFORM": p.OS + "/" + p.Arch, "TARGETOS": p.OS, "TARGETARCH": p.Arch, "TARGETVARIANT": "",
+		"BUILDPLATFORM": runtime.GOOS + "/" + runtime.GOARCH, "BUILDOS": runtime.GOOS, "BUILDARCH": runtime.GOARCH, "BUILDVARIANT": "",
+	}
+}
+
+// argValues gives each declared ARG its value as docker would: the build
+// argument when one is given, else the platform's value for an automatic
+// platform ARG, else its default (empty without one).
+func argValues(declared map[string]*string, p platform, buildArgs map[string]string) map[string]string {
+	auto := platformArgs(p)
+	vals := map[string]string{}
+	for k, def := range declared {
+		if v, ok := buildArgs[k]; ok {
+			vals[k] = v
+		} else if v, ok := auto[k]; ok {
+			vals[k] = v
+		} else if def != nil {
+			vals[k] = *def
+		} else {
+			vals[k] = ""
+		}
+	}
+	return vals
+}
+
+// expand is the RUN line as docker runs it for platform p with the build
+// arguments given, split into a goBuild.
+func (b buildCommand) expand(p platform, buildArgs map[string]string) (*goBuild, error) {
+	g, err := parseGoBuild(b.Script, argValues(b.Args, p, buildArgs))
+	if err != nil {
+		return nil, fmt.Errorf("Dockerfile line %d: %w", b.Line, err)
+	}
+	return g, nil
+}
+
+// labels are the final stage's LABELs with the build arguments expanded.
+func (s *spec) labels(buildArgs map[string]string) (map[string]string, error) {
+	if len(s.Labels) == 0 {
+		return nil, nil
+	}
+	env := shell.EnvsFromSlice(envSlice(argValues(s.Args, platform{}, buildArgs)))
+	out := map[string]string{}
+	for _, l := range s.Labels {
+		v, _, err := shell.NewLex('\\').ProcessWord(l.Value, env)
+		if err != nil {
+			return nil, fmt.Errorf("Dockerfile LABEL %s: %w", l.Key, err)
+		}
+		out[l.Key] = v
+	}
+	return out, nil
+}
+
+// checkBuildArgs refuses a build argument that no ARG declares: docker
+// only warns, and a misspelt VERSION would leave the version empty.
+func (s *spec) checkBuildArgs(buildArgs map[string]string) error {
+	for k := range buildArgs {
+		if _, ok := s.Args[k]; !ok {
+			if _, ok := s.Build.Args[k]; !ok {
+				return fmt.Errorf("build argument %s: no ARG %s in the Dockerfile's build or final stage", k, k)
+			}
+		}
+	}
+	return nil
+}
+
+func envSlice(m map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, k+"="+m[k])
+	}
+	return out
 }
 
 // Build flags that take a value, and whether the binary records them. Flags
@@ -189,9 +300,9 @@ var goBuildFlags = map[string]struct{ value, recorded bool }{
 }
 
 // parseGoBuild splits `[VAR=value ...] go build [flags] [package]` as a shell
-// would.
-func parseGoBuild(cmdline string) (*goBuild, error) {
-	words, err := shell.NewLex('\\').ProcessWords(cmdline, shell.EnvsFromSlice(nil))
+// would, with the build arguments args set.
+func parseGoBuild(cmdline string, args map[string]string) (*goBuild, error) {
+	words, err := shell.NewLex('\\').ProcessWords(cmdline, shell.EnvsFromSlice(envSlice(args)))
 	if err != nil {
 		return nil, fmt.Errorf("splitting %q: %w", cmdline, err)
 	}
@@ -236,6 +347,11 @@ func parseGoBuild(cmdline string) (*goBuild, error) {
 	}
 	if b.Output == "" {
 		return nil, fmt.Errorf("%q: no -o", cmdline)
+	}
+	for _, k := range []string{"GOOS", "GOARCH"} {
+		if v, set := b.Env[k]; set && v == "" {
+			return nil, fmt.Errorf("%q: %s is empty; a build argument it names must be declared in the build stage (ARG TARGETOS TARGETARCH)", cmdline, k)
+		}
 	}
 	if b.Env["CGO_ENABLED"] != "0" {
 		return nil, fmt.Errorf("%q: CGO_ENABLED=0 is required: FROM scratch has no libc", cmdline)

@@ -30,10 +30,54 @@ ENTRYPOINT ["/bin/app", "--flag"]
 	if len(s.ContextCopies) != 1 || !slices.Equal(s.ContextCopies[0].Sources, []string{"rootfs/"}) || s.ContextCopies[0].Dest != "/" {
 		t.Errorf("context copies: %+v", s.ContextCopies)
 	}
-	b := s.Build
+	b, err := s.Build.expand(platform{OS: "linux", Arch: "amd64"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if b.Env["CGO_ENABLED"] != "0" || b.Env["GOOS"] != "linux" || b.Flags["-trimpath"] != "true" ||
 		b.Flags["-ldflags"] != "-s -w" || b.Output != "/app" || b.Package != "." || len(b.Flags) != 2 {
 		t.Errorf("go build: %+v", b)
+	}
+}
+
+// Build arguments expand as docker expands them: TARGETOS/TARGETARCH from
+// each platform, others from -build-arg or the ARG's default, in the build
+// stage's RUN and in the final stage's LABELs.
+func TestParseDockerfileBuildArgs(t *testing.T) {
+	s, err := parseDockerfile(strings.NewReader(`FROM --platform=$BUILDPLATFORM golang:1.26@sha256:0000000000000000000000000000000000000000000000000000000000000000 AS build
+ARG TARGETOS TARGETARCH VERSION MODE=fast
+RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -tags=$MODE -o /app .
+
+FROM scratch
+ARG VERSION
+LABEL org.opencontainers.image.version=$VERSION other="fixed $UNDECLARED"
+COPY --from=build /app /app
+USER 1:1
+ENTRYPOINT ["/app"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{"VERSION": "v1.2.3"}
+	b, err := s.Build.expand(platform{OS: "linux", Arch: "arm64"}, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Env["GOOS"] != "linux" || b.Env["GOARCH"] != "arm64" || b.Flags["-ldflags"] != "-s -w -X main.version=v1.2.3" || b.Flags["-tags"] != "fast" {
+		t.Errorf("go build for linux/arm64: env %v, flags %v", b.Env, b.Flags)
+	}
+	labels, err := s.labels(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if labels["org.opencontainers.image.version"] != "v1.2.3" || labels["other"] != "fixed " {
+		t.Errorf("labels %v", labels)
+	}
+	if err := s.checkBuildArgs(map[string]string{"VERSION": "1", "MODE": "slow"}); err != nil {
+		t.Errorf("declared build arguments refused: %v", err)
+	}
+	if err := s.checkBuildArgs(map[string]string{"VERSON": "1"}); err == nil || !strings.Contains(err.Error(), "no ARG VERSON") {
+		t.Errorf("a misspelt build argument: got %v", err)
 	}
 }
 
@@ -48,6 +92,7 @@ func TestParseDockerfileRefuses(t *testing.T) {
 		{"platform", buildStage + strings.Replace(final, "FROM scratch", "FROM --platform=linux/arm64 scratch", 1), "--platform"},
 		{"RUN in the final stage", buildStage + final + "RUN true\n", `"RUN" in the final stage`},
 		{"ENV in the final stage", buildStage + final + "ENV A=b\n", `"ENV" in the final stage`},
+		{"undeclared platform in go build", strings.Replace(buildStage, "GOOS=linux", "GOOS=$TARGETOS", 1) + final, "GOOS is empty"},
 		{"shell-form ENTRYPOINT", buildStage + strings.Replace(final, `["/app"]`, "/app", 1), "exec form"},
 		{"no ENTRYPOINT", buildStage + strings.Replace(final, "ENTRYPOINT [\"/app\"]\n", "", 1), "no ENTRYPOINT"},
 		{"no USER", buildStage + strings.Replace(final, "USER 1:1\n", "", 1), "no USER"},

@@ -12,25 +12,28 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // Every file gets the same timestamp, so the same inputs give the same image
 // digest.
 var epoch = time.Unix(0, 0).UTC()
 
-// buildImage packs what the Dockerfile's final stage would hold: the files it
-// copies from the context (under contextDir), and binary at s.Binary.
-func buildImage(s *spec, contextDir, binary string, p platform) (v1.Image, error) {
+// buildImage packs what the Dockerfile's final stage would hold for one
+// platform: the files it copies from the context (under contextDir), binary
+// at s.Binary, and its config with labels. Media types are OCI's, as
+// BuildKit writes them for a multi-platform image.
+func buildImage(s *spec, contextDir, binary string, p platform, labels map[string]string) (v1.Image, error) {
 	layer, err := buildLayer(s, contextDir, binary)
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.AppendLayers(base, layer)
 	if err != nil {
 		return nil, fmt.Errorf("adding the layer: %w", err)
 	}
@@ -43,6 +46,7 @@ func buildImage(s *spec, contextDir, binary string, p platform) (v1.Image, error
 	cf.Created = v1.Time{Time: epoch}
 	cf.Config.User = s.User
 	cf.Config.Entrypoint = s.Entrypoint
+	cf.Config.Labels = labels
 	if len(s.Ports) > 0 {
 		cf.Config.ExposedPorts = map[string]struct{}{}
 		for _, port := range s.Ports {
@@ -57,27 +61,6 @@ func buildImage(s *spec, contextDir, binary string, p platform) (v1.Image, error
 		return nil, fmt.Errorf("setting the image config: %w", err)
 	}
 	return img, nil
-}
-
-// writeImage writes img as a `docker save` archive tagged tag, the format
-// `ctr images import` and `docker load` read.
-func writeImage(file, tag string, img v1.Image) error {
-	ref, err := name.NewTag(tag, name.WeakValidation)
-	if err != nil {
-		return fmt.Errorf("image tag %q: %w", tag, err)
-	}
-	// Write beside the target and rename, so an interrupted build never
-	// leaves a truncated archive where the node would load it from.
-	tmp := file + ".tmp"
-	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", file, err)
-	}
-	if err := os.Rename(tmp, file); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", file, err)
-	}
-	return nil
 }
 
 // buildLayer writes one uncompressed tar of the image's files, owned by root
@@ -101,7 +84,7 @@ func buildLayer(s *spec, contextDir, binary string) (v1.Layer, error) {
 	data := buf.Bytes()
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
-	})
+	}, tarball.WithMediaType(types.OCILayer))
 	if err != nil {
 		return nil, fmt.Errorf("compressing the layer: %w", err)
 	}

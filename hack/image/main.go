@@ -1,67 +1,146 @@
-// Command image packs a static Go binary into an image archive, as the final
-// stage of a Dockerfile describes it, without a container engine:
+// Command image builds, pushes and resolves the controller's image without
+// a container engine:
 //
-//	go run . -dockerfile ../../Dockerfile -context ../.. \
-//	    -binary ../../bin/uuid-controller -tag uuid-controller:dev -o ../../bin/uuid-controller.tar
+//	go run . build -dockerfile ../../Dockerfile -context ../.. -platforms linux/amd64,linux/arm64 \
+//	    -binary ../../bin/image/linux_amd64/uuid-controller -binary ../../bin/image/linux_arm64/uuid-controller \
+//	    -build-arg VERSION=v0.1.0 -tag uuid-controller:dev -o ../../bin/uuid-controller.tar
+//	go run . push -i ../../bin/uuid-controller.tar registry.example/uuid-controller:v0.1.0
+//	go run . digest registry.example/uuid-controller:v0.1.0
 //
-// The Dockerfile is the one source of truth. Its final stage must be
-// FROM scratch with COPY, USER, EXPOSE and an exec-form ENTRYPOINT only; the
-// binary must be a static ELF whose recorded build settings (CGO_ENABLED,
-// GOOS, -trimpath, -ldflags, ...) equal the build stage's `go build`. Anything
-// else is refused, so the archive holds what `docker build` would produce. The
-// archive is a `docker save` tarball: `ctr -n k8s.io images import` and
-// `docker load` read it.
+// build packs an OCI image index with one image per platform, as the final
+// stage of a Dockerfile describes it. The Dockerfile is the one source of
+// truth. Its final stage must be FROM scratch with ARG, LABEL, COPY, USER,
+// EXPOSE and an exec-form ENTRYPOINT only; each binary must be a static ELF
+// whose machine is one of the platforms and whose recorded build settings
+// (CGO_ENABLED, GOOS, GOARCH, -trimpath, -ldflags, ...) equal the build
+// stage's `go build` as docker would expand it for that platform (TARGETOS,
+// TARGETARCH) and the build arguments. Anything else is refused, so the
+// index holds what `docker buildx build --platform ...` would produce. The
+// archive is an OCI image layout (`ctr images import` reads the whole index)
+// and a `docker save` archive of one platform, the host's by default
+// (`docker load` reads it).
+//
+// push uploads the index to a registry with the docker config's credentials
+// and prints it by digest; digest prints what a tag names now, by digest.
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
+	"time"
 )
 
 func main() {
-	dockerfile := flag.String("dockerfile", "Dockerfile", "the Dockerfile whose final stage describes the image")
-	contextDir := flag.String("context", ".", "the Dockerfile's build context (COPY sources are relative to it)")
-	binary := flag.String("binary", "", "the binary the final stage copies from its build stage, built as that stage builds it")
-	tag := flag.String("tag", "", "the image's tag, e.g. uuid-controller:dev")
-	out := flag.String("o", "", "the image archive to write")
-	flag.Parse()
-	if err := run(*dockerfile, *contextDir, *binary, *tag, *out); err != nil {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: image build|push|digest [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "build":
+		err = buildCmd(args)
+	case "push", "digest":
+		err = registryCmd(cmd, args)
+	default:
+		err = fmt.Errorf("unknown command %q: want build, push or digest", cmd)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dockerfile, contextDir, binary, tag, out string) error {
-	if binary == "" || tag == "" || out == "" {
-		return fmt.Errorf("-binary, -tag and -o are required")
+// listFlag is a flag that may be given more than once.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// buildOptions are build's flags.
+type buildOptions struct {
+	dockerfile, contextDir, tag, out string
+	binaries                         []string
+	platforms                        []platform
+	buildArgs                        map[string]string
+	// loadPlatform is the platform manifest.json (docker load) holds.
+	loadPlatform platform
+}
+
+func buildCmd(args []string) error {
+	fs := flag.NewFlagSet("build", flag.ContinueOnError)
+	var o buildOptions
+	var binaries, buildArgs listFlag
+	fs.StringVar(&o.dockerfile, "dockerfile", "Dockerfile", "the Dockerfile whose final stage describes the image")
+	fs.StringVar(&o.contextDir, "context", ".", "the Dockerfile's build context (COPY sources are relative to it)")
+	fs.Var(&binaries, "binary", "a binary the final stage copies from its build stage, built as that stage builds it for one platform (repeat for each platform)")
+	platforms := fs.String("platforms", "", "the index's platforms, e.g. linux/amd64,linux/arm64 (default: the binaries' own)")
+	fs.Var(&buildArgs, "build-arg", "NAME=VALUE for a Dockerfile ARG, as docker build --build-arg (repeatable)")
+	fs.StringVar(&o.tag, "tag", "", "the image's tag, e.g. uuid-controller:dev")
+	fs.StringVar(&o.out, "o", "", "the image archive to write")
+	load := fs.String("load-platform", runtime.GOOS+"/"+runtime.GOARCH, "the platform `docker load` gets from the archive")
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
-	f, err := os.Open(dockerfile)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("build: unexpected arguments %q", fs.Args())
+	}
+	o.binaries = binaries
+	o.buildArgs = map[string]string{}
+	for _, a := range buildArgs {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("-build-arg %q: want NAME=VALUE", a)
+		}
+		o.buildArgs[k] = v
+	}
+	if *platforms != "" {
+		for _, s := range strings.Split(*platforms, ",") {
+			p, err := parsePlatform(s)
+			if err != nil {
+				return err
+			}
+			o.platforms = append(o.platforms, p)
+		}
+	}
+	var err error
+	if o.loadPlatform, err = parsePlatform(*load); err != nil {
+		return fmt.Errorf("-load-platform: %w", err)
+	}
+	return build(o)
+}
+
+func registryCmd(cmd string, args []string) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	archive := fs.String("i", "", "push: the image archive `make image` wrote")
+	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
+	ca := fs.String("ca", "", "a PEM CA certificate to trust besides the system's (a registry with a private CA)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("%s: want one image reference, REGISTRY/REPOSITORY:TAG", cmd)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var ref string
+	var err error
+	if cmd == "push" {
+		if *archive == "" {
+			return errors.New("push: -i ARCHIVE is required")
+		}
+		ref, err = push(ctx, *archive, fs.Arg(0), *ca)
+	} else {
+		ref, err = resolve(ctx, fs.Arg(0), *ca)
+	}
 	if err != nil {
 		return err
 	}
-	s, err := parseDockerfile(f)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: %w", dockerfile, err)
-	}
-	p, err := checkBinary(binary, s.Build)
-	if err != nil {
-		return err
-	}
-	img, err := buildImage(s, contextDir, binary, p)
-	if err != nil {
-		return err
-	}
-	if err := writeImage(out, tag, img); err != nil {
-		return err
-	}
-	// The config digest is the image ID that `ctr images ls` and
-	// `docker images` show after loading; the manifest is rebuilt on import.
-	id, err := img.ConfigName()
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%s: %s, image ID %s (%s/%s)\n", out, tag, id, p.OS, p.Arch)
+	// Alone on stdout, so a script can capture it.
+	fmt.Println(ref)
 	return nil
 }

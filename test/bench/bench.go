@@ -21,9 +21,16 @@ import (
 type Config struct {
 	// Ns are the object counts, each measured with every case.
 	Ns []int
-	// Concurrency is the number of goroutines creating objects, in the raw
-	// loop and in the controller's burst alike.
-	Concurrency int
+	// Concurrency lists the numbers of goroutines creating objects, in the
+	// raw loop and in the controller's burst alike; every N is measured at
+	// each.
+	Concurrency []int
+	// Raw runs the raw loop before and after the controller's cases (the
+	// throughput ratio); off for a run at a very large N.
+	Raw bool
+	// RestartMemoryLimit, when positive, runs the restarted controller in a
+	// memory cgroup of this many bytes, with GOMEMLIMIT at 90% of it.
+	RestartMemoryLimit int64
 	// Warmup is how long the raw loop runs on throwaway objects before
 	// anything is measured: a fresh apiserver is slow for its first 20-30 s.
 	Warmup time.Duration
@@ -52,8 +59,16 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("object count must be positive, got %d", n))
 		}
 	}
-	if c.Concurrency < 1 {
-		errs = append(errs, fmt.Errorf("concurrency must be at least 1, got %d", c.Concurrency))
+	if len(c.Concurrency) == 0 {
+		errs = append(errs, errors.New("no concurrency given"))
+	}
+	for _, n := range c.Concurrency {
+		if n < 1 {
+			errs = append(errs, fmt.Errorf("concurrency must be at least 1, got %d", n))
+		}
+	}
+	if c.RestartMemoryLimit < 0 {
+		errs = append(errs, fmt.Errorf("memory limit must not be negative, got %d", c.RestartMemoryLimit))
 	}
 	if c.IdleCount < 1 || c.IdleInterval <= 0 {
 		errs = append(errs, fmt.Errorf("idle case needs a positive count and interval, got %d and %s", c.IdleCount, c.IdleInterval))
@@ -74,6 +89,10 @@ type bench struct {
 	kubeconfig string
 	dyn        dynamic.Interface
 	kube       kubernetes.Interface
+	// conc is the concurrency of the case being measured.
+	conc int
+	// cleanups run when the cluster has stopped.
+	cleanups []func()
 }
 
 // Run builds the controller, starts a local cluster, warms it up, measures
@@ -104,6 +123,11 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 		return nil, err
 	}
 	defer func() {
+		defer func() {
+			for _, c := range b.cleanups {
+				c()
+			}
+		}()
 		if stopErr := b.cluster.Stop(); stopErr != nil {
 			err = errors.Join(err, fmt.Errorf("stopping the cluster: %w", stopErr))
 		}
@@ -127,19 +151,23 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	for _, n := range cfg.Ns {
-		res, err := b.runN(ctx, n)
-		if err != nil {
-			return rep, fmt.Errorf("run at N=%d: %w", n, err)
+		for _, c := range cfg.Concurrency {
+			b.conc = c
+			res, err := b.runN(ctx, n)
+			if err != nil {
+				return rep, fmt.Errorf("run at N=%d, %d creators: %w", n, c, err)
+			}
+			rep.Results = append(rep.Results, res)
 		}
-		rep.Results = append(rep.Results, res)
 	}
 	return rep, nil
 }
 
-// caseTimeout bounds one case at n objects: two minutes plus 10 ms an
-// object (100 objects/s, a quarter of what this apiserver does warm).
+// caseTimeout bounds one case at n objects: two minutes plus 50 ms an
+// object (20 objects/s: a twentieth of what this apiserver does warm on a
+// quiet machine; a machine shared by other builds and tests gave 50-85).
 func caseTimeout(n int) time.Duration {
-	return 2*time.Minute + time.Duration(n)*10*time.Millisecond
+	return 2*time.Minute + time.Duration(n)*50*time.Millisecond
 }
 
 // warmup runs the raw loop on throwaway objects for cfg.Warmup.
@@ -152,7 +180,7 @@ func (b *bench) warmup(ctx context.Context) error {
 		return err
 	}
 	b.log.Info("warming up the apiserver", "for", b.cfg.Warmup)
-	l := &loader{client: b.dyn.Resource(cluster.UuidGVR).Namespace(ns), concurrency: b.cfg.Concurrency, patch: true}
+	l := &loader{client: b.dyn.Resource(cluster.UuidGVR).Namespace(ns), concurrency: b.cfg.Concurrency[0], patch: true}
 	start := time.Now()
 	total := 0
 	for i := 0; time.Since(start) < b.cfg.Warmup; i++ {
@@ -169,15 +197,20 @@ func (b *bench) warmup(ctx context.Context) error {
 // burst, its restart and its idle latency, and the raw loop again, so the
 // controller is compared with the limit measured on both sides of it.
 func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
-	r := &Result{N: n}
+	r := &Result{N: n, Concurrency: b.conc}
 	var err error
-	if r.RawBefore, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-before-%d", n), n); err != nil {
-		return nil, fmt.Errorf("raw loop (before): %w", err)
+	if b.cfg.Raw {
+		if r.RawBefore, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-before-%d-c%d", n, b.conc), n); err != nil {
+			return nil, fmt.Errorf("raw loop (before): %w", err)
+		}
 	}
 	if err := b.controllerCases(ctx, n, r); err != nil {
 		return nil, err
 	}
-	if r.RawAfter, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-after-%d", n), n); err != nil {
+	if !b.cfg.Raw {
+		return r, nil
+	}
+	if r.RawAfter, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-after-%d-c%d", n, b.conc), n); err != nil {
 		return nil, fmt.Errorf("raw loop (after): %w", err)
 	}
 	if raw := (r.RawBefore.PerSecond + r.RawAfter.PerSecond) / 2; raw > 0 {

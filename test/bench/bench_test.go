@@ -19,7 +19,8 @@ func TestBenchSmoke(t *testing.T) {
 	const n = 20
 	rep, err := Run(ctx, Config{
 		Ns:           []int{n},
-		Concurrency:  4,
+		Concurrency:  []int{4},
+		Raw:          true,
 		IdleCount:    5,
 		IdleInterval: 50 * time.Millisecond,
 		Settle:       time.Second,
@@ -41,7 +42,7 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("report has no row %q", row.label)
 		}
 	}
-	if !strings.Contains(md, "| N = 20 |") {
+	if !strings.Contains(md, "| N = 20, 4 creators |") {
 		t.Errorf("report has no column for N = 20")
 	}
 	// The header, the separator and one line per row.
@@ -75,8 +76,11 @@ func TestBenchSmoke(t *testing.T) {
 	if r.Memory.BaselineRSS <= 0 || r.Memory.BurstRSS < r.Memory.BaselineRSS || r.Memory.RestartRSS <= 0 || r.Memory.BurstHeap <= 0 {
 		t.Errorf("memory not filled in: %+v", r.Memory)
 	}
-	if r.RestartReady <= 0 {
-		t.Errorf("restart time to ready not measured")
+	if r.RestartReady <= 0 || r.RestartCPU <= 0 {
+		t.Errorf("restart time to ready or its CPU not measured: %v, %v", r.RestartReady, r.RestartCPU)
+	}
+	if r.BurstCPU <= 0 || r.QueueSamples == 0 {
+		t.Errorf("burst CPU or queue depth not measured: %v s, %d samples", r.BurstCPU, r.QueueSamples)
 	}
 }
 
@@ -88,6 +92,19 @@ func TestParseCounts(t *testing.T) {
 	for _, bad := range []string{"", "0", "-5", "1k", "10,,20"} {
 		if _, err := parseCounts(bad); err == nil {
 			t.Errorf("parseCounts(%q): no error", bad)
+		}
+	}
+}
+
+func TestParseCPU(t *testing.T) {
+	// A command name with spaces and a ')' of its own.
+	line := "4242 (uuid (ctl) x) S 1 4242 4242 0 -1 4194560 1000 0 0 0 150 25 0 0 20 0 12 0 100 0 0"
+	if got, err := parseCPU(line); err != nil || got != 1.75 {
+		t.Errorf("parseCPU = %v, %v; want 1.75 s (150 + 25 ticks)", got, err)
+	}
+	for _, bad := range []string{"", "4242 uuid S 1", "4242 (x) S 1 2 3 4 5 6 7 8 9 ten 11"} {
+		if _, err := parseCPU(bad); err == nil {
+			t.Errorf("parseCPU(%q): no error", bad)
 		}
 	}
 }

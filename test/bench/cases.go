@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 )
@@ -30,7 +33,7 @@ type Throughput struct {
 	Retries int64
 }
 
-// load creates n objects obj-000000... in ns at cfg.Concurrency, patching
+// load creates n objects obj-000000... in ns at b.conc, patching
 // each one's status right after its create when patch is set, and waits
 // until a watch has seen every one with a UUID.
 func (b *bench) load(ctx context.Context, ns string, n int, patch bool) (Throughput, error) {
@@ -43,7 +46,7 @@ func (b *bench) load(ctx context.Context, ns string, n int, patch bool) (Through
 	defer obs.stop()
 	l := &loader{
 		client:      b.dyn.Resource(cluster.UuidGVR).Namespace(ns),
-		concurrency: b.cfg.Concurrency,
+		concurrency: b.conc,
 		patch:       patch,
 		onCreated:   obs.markCreated,
 	}
@@ -77,7 +80,7 @@ func (b *bench) rawCase(ctx context.Context, ns string, n int) (Throughput, erro
 	if err := createNamespace(ctx, b.kube, ns); err != nil {
 		return Throughput{}, err
 	}
-	b.log.Info("raw loop", "namespace", ns, "n", n, "concurrency", b.cfg.Concurrency)
+	b.log.Info("raw loop", "namespace", ns, "n", n, "concurrency", b.conc)
 	return b.load(ctx, ns, n, true)
 }
 
@@ -85,11 +88,11 @@ func (b *bench) rawCase(ctx context.Context, ns string, n int) (Throughput, erro
 // baseline), bursts n objects at it, then restarts it over the n finished
 // objects and measures idle latency with the restarted one.
 func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
-	ns := fmt.Sprintf("bench-ctrl-%d", n)
+	ns := fmt.Sprintf("bench-ctrl-%d-c%d", n, b.conc)
 	if err := createNamespace(ctx, b.kube, ns); err != nil {
 		return err
 	}
-	p, err := b.startController(ctx, ns)
+	p, err := b.startController(ctx, ns, 0)
 	if err != nil {
 		return err
 	}
@@ -110,7 +113,50 @@ func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
 	if r.Memory.RestartRSS, _, err = b.memory(ctx, p2, "restarted, after idle"); err != nil {
 		return err
 	}
+	if b.cfg.RestartMemoryLimit > 0 {
+		b.stopController(p2)
+		return b.limitedRestart(ctx, ns, r)
+	}
 	return nil
+}
+
+// limitedRestart starts one more controller over the namespace's objects,
+// in a memory cgroup of cfg.RestartMemoryLimit with GOMEMLIMIT, and records
+// whether it became ready and stayed up through cfg.Settle, its time to
+// ready, and the cgroup's peak usage and OOM kills.
+func (b *bench) limitedRestart(ctx context.Context, ns string, r *Result) error {
+	m := &r.Memory
+	m.Limit = b.cfg.RestartMemoryLimit
+	start := time.Now()
+	p, err := b.startController(ctx, ns, m.Limit)
+	if err == nil {
+		defer b.stopController(p)
+		m.LimitReady = time.Since(start)
+		err = sleep(ctx, b.cfg.Settle)
+		if err == nil && p.Exited() {
+			code, _ := p.Wait(0)
+			err = fmt.Errorf("exited after it was ready, code %d", code)
+			b.log.Warn("controller under the memory limit exited", "code", code, "output", lastLines(p.Output(), 20))
+		}
+	}
+	if err != nil {
+		// The outcome to report, not a failure of the run: OOM kills
+		// say whether the limit was the cause.
+		m.LimitFailure = err.Error()
+		b.log.Warn("controller under the memory limit did not hold", "err", err)
+	}
+	var cgErr error
+	if m.LimitPeak, m.OOMKills, _, cgErr = cgroupMemory(ns); cgErr != nil {
+		return cgErr
+	}
+	b.log.Info("memory cgroup", "limit", m.Limit, "ready", m.LimitReady, "peakUsage", m.LimitPeak, "oomKills", m.OOMKills)
+	return nil
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // burst creates n objects as fast as the apiserver takes them while the
@@ -132,14 +178,28 @@ func (b *bench) burst(ctx context.Context, p *cluster.ControllerProcess, ns stri
 	if err != nil {
 		return err
 	}
-	b.log.Info("controller burst", "namespace", ns, "n", n, "concurrency", b.cfg.Concurrency)
-	if r.Burst, err = b.load(ctx, ns, n, false); err != nil {
-		return err
-	}
-	ctrlAfter, err := b.settledWrites(ctx, p, ctrlBefore+float64(n))
+	cpuBefore, err := processCPU(p.PID())
 	if err != nil {
 		return err
 	}
+	peak := watchQueueDepth(ctx, p)
+	b.log.Info("controller burst", "namespace", ns, "n", n, "concurrency", b.conc)
+	if r.Burst, err = b.load(ctx, ns, n, false); err != nil {
+		peak.stop()
+		return err
+	}
+	ctrlAfter, err := b.settledWrites(ctx, p, ctrlBefore+float64(n))
+	r.QueuePeak, r.QueueSamples = peak.stop()
+	if err != nil {
+		return err
+	}
+	// Read after the settle: the CPU of the burst's last writes and their
+	// watch events is in, and an idle controller adds next to nothing.
+	cpuAfter, err := processCPU(p.PID())
+	if err != nil {
+		return err
+	}
+	r.BurstCPU = cpuAfter - cpuBefore
 	apiAfter, err := b.apiStatusWrites(ctx)
 	if err != nil {
 		return err
@@ -163,11 +223,14 @@ func (b *bench) restart(ctx context.Context, ns string, r *Result) (*cluster.Con
 		return nil, err
 	}
 	start := time.Now()
-	p, err := b.startController(ctx, ns)
+	p, err := b.startController(ctx, ns, 0)
 	if err != nil {
 		return nil, err
 	}
 	r.RestartReady = time.Since(start)
+	if r.RestartCPU, err = processCPU(p.PID()); err != nil {
+		return p, err
+	}
 	if err := sleep(ctx, b.cfg.Settle); err != nil {
 		return p, err
 	}
@@ -186,7 +249,7 @@ func (b *bench) restart(ctx context.Context, ns string, r *Result) (*cluster.Con
 		return p, err
 	}
 	r.RestartWritesAPI = apiAfter - apiBefore
-	b.log.Info("restart", "namespace", ns, "ready", r.RestartReady.Round(time.Millisecond),
+	b.log.Info("restart", "namespace", ns, "ready", r.RestartReady.Round(time.Millisecond), "cpu", r.RestartCPU,
 		"writesController", r.RestartWritesController, "writesAPIServer", r.RestartWritesAPI, "queued", r.RestartQueued)
 	return p, nil
 }
@@ -233,10 +296,20 @@ func (b *bench) idle(ctx context.Context, p *cluster.ControllerProcess, ns strin
 }
 
 // startController runs the controller as its ServiceAccount on ns only and
-// waits until its cache has synced.
-func (b *bench) startController(ctx context.Context, ns string) (*cluster.ControllerProcess, error) {
+// waits until its cache has synced. With a positive memLimit it runs in a
+// memory cgroup of that size (see limitedBinary).
+func (b *bench) startController(ctx context.Context, ns string, memLimit int64) (*cluster.ControllerProcess, error) {
+	binary := b.binary
+	if memLimit > 0 {
+		var cleanup func()
+		var err error
+		if binary, cleanup, err = limitedBinary(b.binary, ns, memLimit); err != nil {
+			return nil, err
+		}
+		defer func() { b.cleanups = append(b.cleanups, cleanup) }()
+	}
 	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
-		Binary:     b.binary,
+		Binary:     binary,
 		Kubeconfig: b.kubeconfig,
 		Args:       append([]string{"--namespace", ns}, b.cfg.ControllerArgs...),
 	})
@@ -264,18 +337,13 @@ func (b *bench) stopController(p *cluster.ControllerProcess) {
 // settledWrites waits until the controller has counted at least want status
 // writes, then cfg.Settle more for stray ones, and returns its count.
 func (b *bench) settledWrites(ctx context.Context, p *cluster.ControllerProcess, want float64) (float64, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// Reaching 30 s is not an error: the count read after settling is the answer.
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		got, err := controllerWrites(ctx, p)
-		if err != nil {
-			return 0, err
-		}
-		if got >= want || time.Now().After(deadline) {
-			break
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return 0, err
-		}
+		return got >= want, err
+	})
+	if err != nil && (!wait.Interrupted(err) || ctx.Err() != nil) {
+		return 0, err
 	}
 	if err := sleep(ctx, b.cfg.Settle); err != nil {
 		return 0, err

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // fieldManager names the benchmark's own writes.
@@ -31,14 +31,6 @@ func createNamespace(ctx context.Context, kube kubernetes.Interface, name string
 		return fmt.Errorf("creating namespace %s: %w", name, err)
 	}
 	return nil
-}
-
-func newUuid(name string) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
-	u.SetAPIVersion(cluster.UuidGVR.GroupVersion().String())
-	u.SetKind("Uuid")
-	u.SetName(name)
-	return u
 }
 
 // objectNames is prefix-000000 ... for n objects.
@@ -103,7 +95,7 @@ func (l *loader) one(ctx context.Context, name string) error {
 	var obj *unstructured.Unstructured
 	err := l.retry(ctx, "create "+name, func(attempt int) error {
 		var err error
-		obj, err = l.client.Create(ctx, newUuid(name), metav1.CreateOptions{FieldManager: fieldManager})
+		obj, err = l.client.Create(ctx, framework.NewUuid(name), metav1.CreateOptions{FieldManager: fieldManager})
 		if apierrors.IsAlreadyExists(err) && attempt > 1 {
 			// An earlier attempt did land before its response was lost.
 			obj, err = l.client.Get(ctx, name, metav1.GetOptions{})

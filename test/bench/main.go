@@ -14,7 +14,7 @@
 //
 // It prints one Markdown table on stdout; progress goes to stderr.
 //
-//	go run ./test/bench -n 1000,10000 -c 16
+//	go run ./test/bench -n 10000,100000 -c 16,64
 package main
 
 import (
@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func main() {
@@ -63,7 +65,9 @@ func mainErr() error {
 func parseFlags(args []string) (Config, string, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	ns := fs.String("n", "1000,10000", "Comma-separated object counts, each measured with every case.")
-	conc := fs.Int("c", 16, "Concurrent create (and raw-loop) requests.")
+	conc := fs.String("c", "16,64", "Comma-separated numbers of concurrent create (and raw-loop) requests; every N is measured at each.")
+	raw := fs.Bool("raw", true, "Run the raw loop before and after the controller's cases (the throughput ratio); false for a very large N.")
+	memLimit := fs.String("restart-memory-limit", "", "Run the restarted controller in a memory cgroup of this size (e.g. 256Mi; root, cgroup v1), with GOMEMLIMIT at 90% of it.")
 	warmup := fs.Duration("warmup", 30*time.Second, "How long the raw loop runs on throwaway objects before measuring.")
 	idleCount := fs.Int("idle-count", 100, "Objects created one at a time in the idle case.")
 	idleInterval := fs.Duration("idle-interval", 100*time.Millisecond, "Time between the idle case's creates.")
@@ -79,22 +83,36 @@ func parseFlags(args []string) (Config, string, error) {
 	}
 	counts, err := parseCounts(*ns)
 	if err != nil {
-		return Config{}, "", err
+		return Config{}, "", fmt.Errorf("-n: %w", err)
+	}
+	concs, err := parseCounts(*conc)
+	if err != nil {
+		return Config{}, "", fmt.Errorf("-c: %w", err)
+	}
+	var limit int64
+	if *memLimit != "" {
+		q, err := resource.ParseQuantity(*memLimit)
+		if err != nil || q.Sign() <= 0 {
+			return Config{}, "", fmt.Errorf("-restart-memory-limit: %q is not a positive size", *memLimit)
+		}
+		limit = q.Value()
 	}
 	level := slog.LevelInfo
 	if !*verbose {
 		level = slog.LevelWarn
 	}
 	cfg := Config{
-		Ns:             counts,
-		Concurrency:    *conc,
-		Warmup:         *warmup,
-		IdleCount:      *idleCount,
-		IdleInterval:   *idleInterval,
-		Settle:         *settle,
-		ControllerArgs: strings.Fields(*ctrlArgs),
-		Command:        "go run ./test/bench " + strings.Join(args, " "),
-		Logger:         benchLogger(level),
+		Ns:                 counts,
+		Concurrency:        concs,
+		Raw:                *raw,
+		RestartMemoryLimit: limit,
+		Warmup:             *warmup,
+		IdleCount:          *idleCount,
+		IdleInterval:       *idleInterval,
+		Settle:             *settle,
+		ControllerArgs:     strings.Fields(*ctrlArgs),
+		Command:            "go run ./test/bench " + strings.Join(args, " "),
+		Logger:             benchLogger(level),
 	}
 	return cfg, *out, cfg.validate()
 }
@@ -142,7 +160,7 @@ func parseCounts(s string) ([]int, error) {
 		f = strings.ReplaceAll(strings.TrimSpace(f), "_", "")
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-n: %q is not a positive count", f)
+			return nil, fmt.Errorf("%q is not a positive count", f)
 		}
 		counts = append(counts, n)
 	}

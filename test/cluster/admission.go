@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
@@ -139,21 +140,15 @@ func probe(ctx context.Context, uuids dynamic.ResourceInterface, name, what stri
 	}
 	defer func() { _ = uuids.Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}) }()
 	patch := []byte(`{"status":{"uuid":"00000000-0000-4000-8000-000000000000"}}`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := uuids.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
-		if want(err) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("a dry-run uuid write was not %s within 30 s (last error: %v)", what, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = uuids.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return want(last), nil
+	})
+	if err != nil {
+		return fmt.Errorf("a dry-run uuid write was not %s within 30 s (last error: %v): %w", what, last, err)
 	}
+	return nil
 }
 
 func ignoreNotFound(err error) error {

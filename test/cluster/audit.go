@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -47,7 +48,12 @@ type AuditEvent struct {
 	// RequestReceived is when the apiserver received the request, on its
 	// own clock.
 	RequestReceived time.Time `json:"requestReceivedTimestamp"`
+	// RequestURI is the request's path and query.
+	RequestURI string `json:"requestURI"`
 }
+
+// DryRun tells a server-side dry run, which writes nothing.
+func (ev AuditEvent) DryRun() bool { return strings.Contains(ev.RequestURI, "dryRun=") }
 
 func (c *Cluster) auditArgs() ([]string, error) {
 	policy := filepath.Join(c.dir, "audit-policy.yaml")

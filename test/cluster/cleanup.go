@@ -3,12 +3,10 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 )
 
 // nodeDirPattern matches the dirs nodes keep their state in.
@@ -28,20 +26,7 @@ func CleanUpNodes(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	var errs []error
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		pids := leftoverPIDs()
-		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			errs = append(errs, fmt.Errorf("cluster: processes still running after SIGKILL: %v", pids))
-			break
-		}
-		log.Info("killing node leftovers", "pids", pids)
-		killAll(pids)
-		time.Sleep(200 * time.Millisecond)
-	}
+	errs = append(errs, killUntilGone(leftoverPIDs, func(pids []int) { log.Info("killing node leftovers", "pids", pids) }))
 	kubepods, err := kubepodsCgroups()
 	if err != nil {
 		errs = append(errs, err)

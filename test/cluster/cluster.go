@@ -68,12 +68,12 @@ type Options struct {
 	// apiserver on the node's bridge (NodeIP) instead of loopback. It
 	// needs root, `make node-tools` and `make node-deps`.
 	Node bool
-	// PauseImage is the pod sandbox image archive (docker save format, its
-	// first tag is pinned as containerd's sandbox image). Required with
-	// Node.
+	// PauseImage is the pod sandbox image archive (`make pause-image`; its
+	// tag is pinned as containerd's sandbox image). Required with Node.
 	PauseImage string
 	// NodeImages are image archives loaded into the node's containerd, so
-	// pods run them without a registry.
+	// pods run them without a registry. Images can also be pushed to the
+	// node's registry (Cluster.Registry), from which the kubelet pulls.
 	NodeImages []string
 }
 

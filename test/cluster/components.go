@@ -98,18 +98,8 @@ func (c *Cluster) startProxy(ctx context.Context) error {
 	healthz := "http://127.0.0.1:" + strconv.Itoa(ports[1]) + "/healthz"
 	hc := &http.Client{Timeout: 2 * time.Second}
 	return c.poll(ctx, p, 2*time.Minute, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthz, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("kube-proxy healthz: %s: %s", resp.Status, body)
+		if err := getOK(ctx, hc, healthz); err != nil {
+			return fmt.Errorf("kube-proxy healthz: %w", err)
 		}
 		rules, err := run(ctx, "iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
 		if err != nil {
@@ -120,4 +110,22 @@ func (c *Cluster) startProxy(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// getOK GETs url and returns an error unless the answer is 200 OK.
+func getOK(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	return nil
 }

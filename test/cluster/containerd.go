@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -54,6 +55,8 @@ state = '{{D}}/state'
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{{PAUSE}}'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{{D}}/certs.d'
   [plugins.'io.containerd.cri.v1.runtime']
     netns_mounts_under_state_dir = true
     enable_unprivileged_ports = true
@@ -110,6 +113,9 @@ func (c *Cluster) startContainerd(ctx context.Context, pauseTag string) error {
 	if err := os.WriteFile(filepath.Join(d, "net.d", "10-"+cniNetwork+".conflist"), []byte(r.Replace(cniConfig)), 0o600); err != nil {
 		return err
 	}
+	if err := c.writeRegistryHosts(filepath.Join(d, "certs.d")); err != nil {
+		return err
+	}
 	// The shim is found on PATH: the one built with this containerd.
 	p, err := c.spawnEnv(ContainerdBinary, []string{"--config", cfg, "--log-level", "warn"},
 		[]string{"PATH=" + c.binDir + ":" + os.Getenv("PATH")})
@@ -138,16 +144,17 @@ func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
 	return out, nil
 }
 
-// ImportImage loads an image archive (docker save or OCI layout tar) into
-// the node's containerd, as `ctr -n k8s.io images import` does, so pods
+// ImportImage loads an image archive (`make image` writes an OCI layout
+// that is also a docker save archive) into the node's containerd, this
+// machine's platform only, as `ctr -n k8s.io images import` does, so pods
 // can use it without pulling.
 func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
-	_, err := c.ctr(ctx, "images", "import", "--platform", "linux/amd64", archive)
+	_, err := c.ctr(ctx, "images", "import", "--platform", "linux/"+runtime.GOARCH, archive)
 	return err
 }
 
-// imageTag reads the first tag an image archive written by
-// go-containerregistry's tarball package (docker save format) records.
+// imageTag reads the first tag of an image archive's docker save
+// manifest (manifest.json), which `make image` and `make pause-image` write.
 func imageTag(archive string) (string, error) {
 	f, err := os.Open(archive)
 	if err != nil {

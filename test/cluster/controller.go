@@ -73,6 +73,9 @@ type ControllerOptions struct {
 	// Log receives the controller's stderr and stdout. Default: kept in
 	// memory only, readable with Output.
 	Log io.Writer
+	// Env ("NAME=value") is added to this process's environment, as a
+	// pod's env is to the container's.
+	Env []string
 }
 
 // MetricsAuth is how Metrics reads a secure /metrics.
@@ -134,6 +137,9 @@ func StartController(ctx context.Context, opts ControllerOptions) (*ControllerPr
 		w = io.MultiWriter(p.out, opts.Log)
 	}
 	p.cmd = exec.Command(opts.Binary, args...)
+	if len(opts.Env) > 0 {
+		p.cmd.Env = append(os.Environ(), opts.Env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	p.cmd.SysProcAttr = procAttr()
 	if err := p.cmd.Start(); err != nil {
@@ -199,6 +205,9 @@ func clientTLS(caPEM []byte) (*tls.Config, error) {
 // MetricsURL is the controller's /metrics: https:// when started with
 // MetricsAuth, else http://.
 func (p *ControllerProcess) MetricsURL() string { return p.metricsURL }
+
+// HealthURL is the controller's health server, http://host:port.
+func (p *ControllerProcess) HealthURL() string { return p.healthURL }
 
 // Readyz returns the controller's /readyz response code and body.
 func (p *ControllerProcess) Readyz(ctx context.Context) (int, string, error) {
@@ -293,22 +302,28 @@ func (p *ControllerProcess) Kill() {
 }
 
 // PeakRSS reads the process's peak resident set size (VmHWM) from /proc.
-func (p *ControllerProcess) PeakRSS() (int64, error) {
+func (p *ControllerProcess) PeakRSS() (int64, error) { return p.memory("VmHWM") }
+
+// RSS reads the process's resident set size now (VmRSS) from /proc.
+func (p *ControllerProcess) RSS() (int64, error) { return p.memory("VmRSS") }
+
+// memory reads field (in kB) of /proc/PID/status, in bytes.
+func (p *ControllerProcess) memory(field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
 	if err != nil {
 		return 0, fmt.Errorf("cluster: read controller memory: %w", err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			f := strings.Fields(v)
 			if len(f) != 2 || f[1] != "kB" {
-				return 0, fmt.Errorf("cluster: unexpected VmHWM line %q", line)
+				return 0, fmt.Errorf("cluster: unexpected %s line %q", field, line)
 			}
 			kb, err := strconv.ParseInt(f[0], 10, 64)
 			return kb * 1024, err
 		}
 	}
-	return 0, errors.New("cluster: no VmHWM in /proc status")
+	return 0, fmt.Errorf("cluster: no %s in /proc status", field)
 }
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a child's

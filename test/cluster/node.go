@@ -14,6 +14,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -36,11 +37,13 @@ type nodeState struct {
 	// mounts are the mounts Start made itself.
 	mounts         []string
 	kubeletHealthz string
+	// registry is the node's image registry, HOST:PORT.
+	registry string
 }
 
 // stopOrder is the order Stop stops the node's processes in: no new pods
 // first, then the agents, then the runtime.
-var stopOrder = []string{ControllerManagerBinary, SchedulerBinary, ProxyBinary, KubeletBinary, ContainerdBinary}
+var stopOrder = []string{ControllerManagerBinary, SchedulerBinary, ProxyBinary, KubeletBinary, ContainerdBinary, RegistryBinary}
 
 // checkNodeHost refuses to start a node without root or without the
 // binaries and packages it needs.
@@ -48,7 +51,7 @@ func checkNodeHost(binDir string, opts Options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("cluster: a node needs root (bridges, iptables, mounts, cgroups)")
 	}
-	for _, b := range []string{ControllerManagerBinary, SchedulerBinary, KubeletBinary, ProxyBinary, ContainerdBinary, ShimBinary, CtrBinary} {
+	for _, b := range []string{ControllerManagerBinary, SchedulerBinary, KubeletBinary, ProxyBinary, ContainerdBinary, ShimBinary, CtrBinary, RegistryBinary} {
 		if err := checkBinary(filepath.Join(binDir, b)); err != nil {
 			return fmt.Errorf("%w (the node's binaries come from `make node-tools`)", err)
 		}
@@ -111,6 +114,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	}
 	pause, err := imageTag(c.opts.PauseImage)
 	if err != nil {
+		return err
+	}
+	if err := c.startRegistry(ctx); err != nil {
 		return err
 	}
 	if err := c.startContainerd(ctx, pause); err != nil {
@@ -209,20 +215,7 @@ func (c *Cluster) deleteAllPods(ctx context.Context) error {
 // everything under the node's dir. Stop calls it after etcd and the
 // apiserver are stopped: their command lines name the dir too.
 func (c *Cluster) removeNodeLeftovers() error {
-	var errs []error
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		pids := c.nodePIDs()
-		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			errs = append(errs, fmt.Errorf("cluster: processes still running after SIGKILL: %v", pids))
-			break
-		}
-		killAll(pids)
-		time.Sleep(200 * time.Millisecond)
-	}
+	errs := []error{killUntilGone(c.nodePIDs, func([]int) {})}
 	errs = append(errs, removeCgroupTrees(c.newCgroups()))
 	errs = append(errs, unmountUnder(c.dir))
 	return errors.Join(errs...)
@@ -270,6 +263,25 @@ func appendCgroupPIDs(pids []int, trees []string) []int {
 		})
 	}
 	return pids
+}
+
+// killUntilGone SIGKILLs what pids lists, every 200 ms, until it lists
+// nothing; after 15 s it gives up and names what is still running. It tells
+// onKill before each round.
+func killUntilGone(pids func() []int, onKill func([]int)) error {
+	var left []int
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Second, true, func(context.Context) (bool, error) {
+		if left = pids(); len(left) == 0 {
+			return true, nil
+		}
+		onKill(left)
+		killAll(left)
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: processes still running after SIGKILL: %v", left)
+	}
+	return nil
 }
 
 func killAll(pids []int) {

@@ -29,7 +29,7 @@ func kubectlResult(args ...string) (string, error) {
 	return string(out), err
 }
 
-// TestExampleGetsUUID is the README's walk-through: kubectl apply the
+// TestExampleGetsUUID is README.md's quick start: kubectl apply the
 // example, and kubectl get id shows its UUID and state.
 func TestExampleGetsUUID(t *testing.T) {
 	ctx := testCtx(t)

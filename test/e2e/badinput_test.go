@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestSchemaRejectsBadStatus: the CRD schema turns away a status the
@@ -48,7 +50,7 @@ func TestSchemaRejectsBadStatus(t *testing.T) {
 		t.Errorf("UUID after rejected patches = %q, want %q", id, want)
 	}
 
-	bad := newUuid("bad-spec")
+	bad := framework.NewUuid("bad-spec")
 	bad.Object["spec"] = "not an object"
 	if _, err := uuids(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec") {
 		t.Errorf("create with a string spec: err = %v, want 422 Invalid naming spec", err)
@@ -65,7 +67,7 @@ func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 	p := startController(ctx, t, ns)
 
 	const forged = "00000000-0000-4000-8000-000000000000"
-	obj := newUuid("forged")
+	obj := framework.NewUuid("forged")
 	obj.Object["status"] = map[string]any{"state": "Ok", "uuid": forged}
 	if _, err := uuids(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -105,7 +107,7 @@ func TestUnusualObjects(t *testing.T) {
 	// Deleted before the controller starts, so it first sees the object
 	// already terminating: still there behind its finalizer, with no UUID,
 	// and a status write still allowed.
-	terminating := newUuid("terminating")
+	terminating := framework.NewUuid("terminating")
 	terminating.SetFinalizers([]string{"example.com/hold"})
 	if _, err := uuids(ns).Create(ctx, terminating, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -121,15 +123,15 @@ func TestUnusualObjects(t *testing.T) {
 	p := startController(ctx, t, ns)
 
 	long := strings.Repeat("a", 253) // a DNS subdomain's maximum
-	big := newUuid("big-spec")
+	big := framework.NewUuid("big-spec")
 	big.Object["spec"] = map[string]any{"blob": strings.Repeat("x", 1<<20)}
-	labelled := newUuid("many-labels")
+	labelled := framework.NewUuid("many-labels")
 	labels := map[string]string{}
 	for i := range 200 {
 		labels[fmt.Sprintf("label-%03d", i)] = "v"
 	}
 	labelled.SetLabels(labels)
-	for _, u := range []*unstructured.Unstructured{newUuid(long), big, labelled} {
+	for _, u := range []*unstructured.Unstructured{framework.NewUuid(long), big, labelled} {
 		if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create %.40s...: %v", u.GetName(), err)
 		}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestReadyCondition: `kubectl wait --for=condition=Ready`, as a script
@@ -160,16 +161,18 @@ func conditionsOf(ctx context.Context, t *testing.T, ns, name string) []metav1.C
 // status, and returns the object's conditions then.
 func waitCondition(ctx context.Context, t *testing.T, ns, name, typ string, status metav1.ConditionStatus) []metav1.Condition {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		conds := conditionsOf(ctx, t, ns, name)
+	var conds []metav1.Condition
+	err := framework.Poll(ctx, 30*time.Second, fmt.Sprintf("%s/%s to have %s=%s", ns, name, typ, status), func(ctx context.Context) error {
+		conds = conditionsOf(ctx, t, ns, name)
 		if meta.IsStatusConditionPresentAndEqual(conds, typ, status) {
-			return conds
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s: no %s=%s within 30 s; conditions %s", ns, name, typ, status, fmt.Sprint(conds))
-		}
-		time.Sleep(100 * time.Millisecond)
+		return fmt.Errorf("conditions %s", fmt.Sprint(conds))
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return conds
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -1,19 +1,25 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestAPIServerRestart: the apiserver goes away and comes back on the same
@@ -195,7 +201,7 @@ func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n i
 	var lastErr error
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		for ; created < n; created++ {
-			if _, lastErr = uuids(ns).Create(ctx, newUuid(names[created]), metav1.CreateOptions{}); lastErr != nil {
+			if _, lastErr = uuids(ns).Create(ctx, framework.NewUuid(names[created]), metav1.CreateOptions{}); lastErr != nil {
 				return false, nil
 			}
 		}
@@ -209,17 +215,48 @@ func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n i
 
 // TestTransientWriteErrors: the apiserver answers the first status PATCHes
 // with 500 (an overloaded or failing apiserver). The controller retries
-// with backoff, reports the failure on the object once it outlasts
-// --error-after (a Warning Event; its Error status write fails too), and
-// assigns the UUID as soon as a write goes through, with state Ok. Nothing
-// is dropped, and every failure is counted.
+// with backoff, reports the failure on the object exactly once, at the
+// --error-after-th failed attempt (one Warning Event, and one Error status
+// write, which fails too), and assigns the UUID as soon as a write goes
+// through, with state Ok. Nothing is dropped, and every failure is counted.
 func TestTransientWriteErrors(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
-	const failFirst = 6
-	var seen atomic.Int32
+	const (
+		failFirst  = 6
+		errorAfter = 3
+		// baseRetryDelay is controller.go's: an object's first retry
+		// delay, doubling from there.
+		baseRetryDelay = 5 * time.Millisecond
+	)
+	type patch struct {
+		at    time.Time
+		state string // the status.state the PATCH writes
+	}
+	var (
+		mu      sync.Mutex
+		patches []patch
+	)
 	viaProxy := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
-		if !isStatusPatch(r) || seen.Add(1) > failFirst {
+		if !isStatusPatch(r) {
+			return false
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("read a status PATCH: %v", err)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var sent struct {
+			Status struct{ State string } `json:"status"`
+		}
+		if err := json.Unmarshal(body, &sent); err != nil {
+			t.Errorf("status PATCH %s: %v", body, err)
+		}
+		mu.Lock()
+		patches = append(patches, patch{at: time.Now(), state: sent.Status.State})
+		n := len(patches)
+		mu.Unlock()
+		if n > failFirst {
 			return false
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -227,7 +264,7 @@ func TestTransientWriteErrors(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by the test","reason":"InternalError","code":500}`))
 		return true
 	})
-	p := startControllerAs(ctx, t, viaProxy, ns, "--error-after", "3", "--max-retry-delay", "1s")
+	p := startControllerAs(ctx, t, viaProxy, ns, "--error-after", strconv.Itoa(errorAfter), "--max-retry-delay", "1s")
 	createUuids(ctx, t, ns, "flaky", 1)
 
 	waitUUIDs(ctx, t, ns, []string{"flaky-0"}, 30*time.Second)
@@ -237,8 +274,47 @@ func TestTransientWriteErrors(t *testing.T) {
 	if w := waitWarning(ctx, t, ns, "flaky-0", "UUIDFailed"); !strings.Contains(w.Message, "injected by the test") {
 		t.Errorf("Warning event %q does not carry the apiserver's error", w.Message)
 	}
-	if got := seen.Load(); got != failFirst+1 {
-		t.Errorf("%d status PATCHes, want %d failed and 1 that landed", got, failFirst+1)
+	warnings := 0
+	for _, e := range events(ctx, t, ns, "flaky-0") {
+		if e.Type == corev1.EventTypeWarning {
+			warnings += int(max(e.Count, 1))
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("%d Warning events on flaky-0, want exactly 1", warnings)
+	}
+
+	// The PATCHes, in order: errorAfter assignments, the Error status,
+	// then assignments until one lands (failFirst failed in all).
+	mu.Lock()
+	got := slices.Clone(patches)
+	mu.Unlock()
+	var states, want []string
+	for _, pt := range got {
+		states = append(states, pt.state)
+	}
+	for i := range failFirst + 1 {
+		if i == errorAfter {
+			want = append(want, "Error")
+		} else {
+			want = append(want, "Ok")
+		}
+	}
+	if !slices.Equal(states, want) {
+		t.Errorf("status PATCHes wrote states %v, want %v: the Error status once, right after the --error-after-th (%d) failed attempt", states, want, errorAfter)
+	}
+	// Each retry waits at least its backoff after the attempt before it.
+	var attempts []time.Time
+	for _, pt := range got {
+		if pt.state == "Ok" {
+			attempts = append(attempts, pt.at)
+		}
+	}
+	for i := 1; i < len(attempts); i++ {
+		backoff := baseRetryDelay << (i - 1)
+		if gap := attempts[i].Sub(attempts[i-1]); gap < backoff {
+			t.Errorf("attempt %d came %s after attempt %d, less than its backoff %s", i+1, gap, i, backoff)
+		}
 	}
 	failures := controllerMetric(ctx, t, p, "uuid_controller_patch_failures_total",
 		func(l map[string]string) bool { return l["reason"] == "InternalError" })

@@ -2,48 +2,33 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
+
+// The helpers below bind test/framework to this package's cluster.
 
 // testCtx is bounded so a hung apiserver fails the test instead of CI.
 func testCtx(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
+	return framework.Context(t, 5*time.Minute)
 }
 
-var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
-
-// newNamespace creates a namespace named after the test, so each test's
-// objects and events are apart from the others'.
+// newNamespace creates a namespace named after the test.
 func newNamespace(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	name := nonDNS.ReplaceAllString(strings.ToLower(t.Name()), "-")
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	name = strings.Trim(name, "-") + "-" + uuid.NewString()[:6]
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if _, err := env.kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", name, err)
-	}
-	return name
+	return env.fw.NewNamespace(ctx, t)
 }
 
 // startController runs the controller as the ServiceAccount, watching only
@@ -84,102 +69,38 @@ func launchControllerWith(ctx context.Context, t *testing.T, opts cluster.Contro
 	}
 	opts.Binary = env.binary
 	opts.Args = append(append([]string{"-v", "2"}, opts.Args...), args...)
-	p, err := cluster.StartController(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("controller pid %d output:\n%s", p.PID(), p.Output())
-		}
-	})
-	return p
+	return framework.LaunchController(ctx, t, opts)
 }
 
 func uuids(ns string) dynamic.ResourceInterface {
-	return env.dyn.Resource(cluster.UuidGVR).Namespace(ns)
-}
-
-func newUuid(name string) *unstructured.Unstructured {
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "demo.operator/v1",
-		"kind":       "Uuid",
-		"metadata":   map[string]any{"name": name},
-		"spec":       map[string]any{},
-	}}
+	return env.fw.Uuids(ns)
 }
 
 // createUuids creates n objects named prefix-0 .. prefix-(n-1) and returns
 // their names.
 func createUuids(ctx context.Context, t *testing.T, ns, prefix string, n int) []string {
 	t.Helper()
-	names := make([]string, n)
-	for i := range n {
-		names[i] = fmt.Sprintf("%s-%d", prefix, i)
-		if _, err := uuids(ns).Create(ctx, newUuid(names[i]), metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s/%s: %v", ns, names[i], err)
-		}
-	}
-	return names
+	return env.fw.CreateUuids(ctx, t, ns, prefix, n)
 }
 
 // status reads an object's status.state and status.uuid from the API.
 func status(ctx context.Context, t *testing.T, ns, name string) (state, id string) {
 	t.Helper()
-	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get %s/%s: %v", ns, name, err)
-	}
-	state, _, _ = unstructured.NestedString(u.Object, "status", "state")
-	id, _, _ = unstructured.NestedString(u.Object, "status", "uuid")
-	return state, id
+	return env.fw.Status(ctx, t, ns, name)
 }
 
-// waitUUIDs polls until every named object has state Ok and a valid UUID,
+// waitUUIDs waits until every named object has state Ok and a valid UUID,
 // and returns name -> UUID.
 func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, timeout time.Duration) map[string]string {
 	t.Helper()
-	var got map[string]string
-	missing := names
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		got = assignedUUIDs(ctx, t, ns)
-		missing = nil
-		for _, n := range names {
-			if _, ok := got[n]; !ok {
-				missing = append(missing, n)
-			}
-		}
-		return len(missing) == 0, nil
-	})
-	if err != nil {
-		t.Fatalf("after %s, %d of %d objects in %s have no UUID, e.g. %v", timeout, len(missing), len(names), ns, missing[:min(5, len(missing))])
-	}
-	for _, n := range names {
-		if _, err := uuid.Parse(got[n]); err != nil {
-			t.Errorf("%s/%s: status.uuid %q is not a UUID: %v", ns, n, got[n], err)
-		}
-	}
-	return got
+	return env.fw.WaitUUIDs(ctx, t, ns, names, timeout)
 }
 
-// assignedUUIDs lists ns and returns name -> UUID for the objects with
-// state Ok and a UUID.
+// assignedUUIDs returns name -> UUID for the objects in ns with state Ok
+// and a UUID.
 func assignedUUIDs(ctx context.Context, t *testing.T, ns string) map[string]string {
 	t.Helper()
-	list, err := uuids(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatalf("list %s: %v", ns, err)
-	}
-	got := map[string]string{}
-	for _, u := range list.Items {
-		state, _, _ := unstructured.NestedString(u.Object, "status", "state")
-		id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
-		if state == "Ok" && id != "" {
-			got[u.GetName()] = id
-		}
-	}
-	return got
+	return env.fw.AssignedUUIDs(ctx, t, ns)
 }
 
 // checkKept fails the test unless every object in want still has the UUID
@@ -227,46 +148,21 @@ func controllerMetric(ctx context.Context, t *testing.T, p *cluster.ControllerPr
 	return v
 }
 
-// reaches calls read every 50 ms for up to 5 s until it returns want, and
-// returns its last value: a count read right after a client saw a status
-// can trail it (the controller counts a write when the response arrives,
-// the apiserver may answer before its audit event is written).
-func reaches[T comparable](want T, read func() T) T {
-	var v T
-	// Only the timeout ends the wait, and then the last value is the answer.
-	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
-		v = read()
-		return v == want, nil
-	})
-	return v
-}
-
 // metricReaches is controllerMetric, waiting up to 5 s for want.
 func metricReaches(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, match func(map[string]string) bool, want float64) float64 {
 	t.Helper()
-	return reaches(want, func() float64 { return controllerMetric(ctx, t, p, name, match) })
+	return framework.Reaches(want, func() float64 { return controllerMetric(ctx, t, p, name, match) })
 }
 
-// settled calls read every 300 ms until it returns the same value twice
-// in a row, and returns that value.
+// settled calls read until it returns the same value twice in a row, and
+// returns that value.
 func settled(t *testing.T, read func() (float64, error)) float64 {
 	t.Helper()
-	prev := -1.0
-	err := wait.PollUntilContextTimeout(t.Context(), 300*time.Millisecond, 15*time.Second, true, func(context.Context) (bool, error) {
-		v, err := read()
-		if err != nil || v == prev {
-			return err == nil, err
-		}
-		prev = v
-		return false, nil
-	})
-	if wait.Interrupted(err) {
-		t.Fatalf("metric still changing after 15 s (last %v)", prev)
-	}
+	v, err := framework.Settled(t.Context(), 15*time.Second, read)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("metric: %v", err)
 	}
-	return prev
+	return v
 }
 
 // patchStatus is a user's (admin's) merge patch of the status subresource.
@@ -332,7 +228,7 @@ func mustStayRunning(t *testing.T, p *cluster.ControllerProcess) {
 // auditedReaches is auditedStatusPatches, waiting up to 5 s for want.
 func auditedReaches(t *testing.T, ns string, code, want int) int {
 	t.Helper()
-	return reaches(want, func() int { return auditedStatusPatches(t, ns, code) })
+	return framework.Reaches(want, func() int { return auditedStatusPatches(t, ns, code) })
 }
 
 // auditedStatusPatches counts, from the apiserver's audit log, the PATCH

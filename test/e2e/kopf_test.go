@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 const (
@@ -65,7 +69,7 @@ func jsonString(v any) (string, error) {
 // createBare creates ns/name as the article's example is: no spec.
 func createBare(ctx context.Context, t *testing.T, ns, name string, finalizers ...string) {
 	t.Helper()
-	u := newUuid(name)
+	u := framework.NewUuid(name)
 	delete(u.Object, "spec")
 	u.SetFinalizers(finalizers)
 	if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
@@ -86,13 +90,17 @@ func object(ctx context.Context, t *testing.T, ns, name string) *unstructured.Un
 	return u
 }
 
-// waitFor polls cond every 100 ms for up to timeout.
+// waitFor polls cond for up to timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", timeout, what)
+	err := framework.Poll(t.Context(), timeout, what, func(context.Context) error {
+		if !cond() {
+			return errors.New("not yet")
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -136,20 +144,93 @@ func useKopfMigration(ctx context.Context, t *testing.T, ns string, withPolicy b
 	if err := env.cluster.Apply(ctx, filepath.Join(dir, "rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	if !withPolicy {
-		return
+	if withPolicy {
+		applyKopfPolicy(ctx, t, ns, filepath.Join(dir, "policy.yaml"), []string{labelPatch, annotationPatch}, nil)
+	} else {
+		// A policy another test just deleted acts for a moment longer.
+		waitKopfPolicy(ctx, t, ns, nil, []string{labelPatch})
 	}
-	if err := env.cluster.Apply(ctx, filepath.Join(dir, "policy.yaml")); err != nil {
+}
+
+// Patches of the ServiceAccount's that tell admission policies apart.
+const (
+	labelPatch      = `{"metadata":{"labels":{"probe":"%s"}}}`
+	annotationPatch = `{"metadata":{"annotations":{"probe":"%s"}}}`
+)
+
+// applyKopfPolicy applies an admission policy file (removed by
+// useKopfMigration's cleanup) and waits until the apiserver enforces it:
+// the patches denied are refused, those allowed go through.
+func applyKopfPolicy(ctx context.Context, t *testing.T, ns, file string, denied, allowed []string) {
+	t.Helper()
+	if err := env.cluster.Apply(ctx, file); err != nil {
 		t.Fatal(err)
 	}
-	createBare(ctx, t, ns, "policy-probe")
-	sa := saClient(t)
-	waitFor(t, 30*time.Second, "the admission policy denies the ServiceAccount a label", func() bool {
-		_, err := sa.Resource(cluster.UuidGVR).Namespace(ns).Patch(ctx, "policy-probe", types.MergePatchType,
-			[]byte(`{"metadata":{"labels":{"probe":"`+uuid.NewString()[:8]+`"}}}`), metav1.PatchOptions{})
-		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy")
+	waitKopfPolicy(ctx, t, ns, denied, allowed)
+}
+
+// waitKopfPolicy waits until the ServiceAccount's patches (each with a
+// fresh value) of an object of its own in ns, "policy-probe", are refused
+// by a ValidatingAdmissionPolicy if in denied and go through if in
+// allowed. The apiserver reloads its policies about once a second, so one
+// just deleted or replaced still acts for a moment.
+func waitKopfPolicy(ctx context.Context, t *testing.T, ns string, denied, allowed []string) {
+	t.Helper()
+	const probe = "policy-probe"
+	if object(ctx, t, ns, probe) == nil {
+		createBare(ctx, t, ns, probe)
+	}
+	sa := saClient(t).Resource(cluster.UuidGVR).Namespace(ns)
+	send := func(patch string) error {
+		_, err := sa.Patch(ctx, probe, types.MergePatchType, []byte(fmt.Sprintf(patch, uuid.NewString()[:8])), metav1.PatchOptions{})
+		return err
+	}
+	waitFor(t, 30*time.Second, "the admission policies to be as the test applied them", func() bool {
+		for _, p := range denied {
+			if err := send(p); err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+				return false
+			}
+		}
+		for _, p := range allowed {
+			if send(p) != nil {
+				return false
+			}
+		}
+		return true
 	})
 }
+
+// probeOnlyPolicy is an admission policy of the migration's name that
+// denies the controller's ServiceAccount label changes and nothing else:
+// the controller's proof that the policy binds it passes, and the policy
+// judges no finalizer, so a test can show what the patch itself does.
+const probeOnlyPolicy = `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: uuid-controller-kopf-migration
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["demo.operator"]
+        apiVersions: ["*"]
+        operations: ["UPDATE"]
+        resources: ["uuid"]
+  matchConditions:
+    - name: controller-service-account
+      expression: request.userInfo.username == "` + controllerUser + `"
+  validations:
+    - expression: object.metadata.?labels == oldObject.metadata.?labels
+      message: labels only, in this test
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: uuid-controller-kopf-migration
+spec:
+  policyName: uuid-controller-kopf-migration
+  validationActions: ["Deny"]
+`
 
 // saClient is a dynamic client authenticated as the controller's
 // ServiceAccount.
@@ -166,7 +247,7 @@ func saClient(t *testing.T) dynamic.Interface {
 	return dyn
 }
 
-// TestKopfMigration follows the README's migration on objects in exactly
+// TestKopfMigration follows docs/migrating-from-kopf.md on objects in exactly
 // the state kopf leaves them, created through the API on the article's
 // CRD: kopf's UUIDs are kept with zero writes, the objects kopf failed on
 // (state Erreur or Error, uuid NA) get a real UUID and state Ok, deleting
@@ -331,12 +412,21 @@ func checkKopfObject(t *testing.T, u *unstructured.Unstructured, id string) {
 // removing the entry that moved into kopf's place; the object ends with
 // the other finalizer intact. kopf putting its finalizer back on the
 // object being deleted is refused by the apiserver, so the two never
-// ping-pong. The admission policy, which would also stop the wrong
-// removal, is left out: the patch's test must hold on its own.
+// ping-pong. The migration's admission policy, which would also stop the
+// wrong removal, is replaced by one of its name that judges no finalizer
+// (the controller removes nothing without one): the patch's test must hold
+// on its own. The controller's dry-run proofs of the policy are not held.
 func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
 	useKopfMigration(ctx, t, ns, false)
+	// The controller removes nothing unless a policy of the migration's
+	// name binds it; this one judges no finalizer.
+	policyFile := filepath.Join(t.TempDir(), "probe-only-policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(probeOnlyPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applyKopfPolicy(ctx, t, ns, policyFile, []string{labelPatch}, []string{annotationPatch})
 	const name = "raced"
 	createBare(ctx, t, ns, name, kopfFinalizer, otherFinalizer)
 	t.Cleanup(func() { dropFinalizers(ns, name) })
@@ -348,7 +438,7 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	kc := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
-		if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/uuid/"+name) {
+		if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/uuid/"+name) && r.URL.Query().Get("dryRun") == "" {
 			once.Do(func() { close(held); <-release })
 		}
 		return false
@@ -362,14 +452,21 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
-	time.Sleep(quiet)
+	// The held patch fails its test (422), then the controller's writes
+	// to the object stop: it sees kopf's finalizer gone.
+	writes := func() []int { return auditedObjectWrites(t, ns, controllerUser)[name] }
+	if err := framework.Poll(ctx, 10*time.Second, "the held patch to fail its test", func(context.Context) error {
+		if codes := writes(); !slices.Contains(codes, 422) {
+			return fmt.Errorf("the controller's writes to %s answered %v", name, codes)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	settled(t, func() (float64, error) { return float64(len(writes())), nil })
 	u := object(ctx, t, ns, name)
 	if u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) {
 		t.Fatalf("after the race: %v, want the object terminating with %s alone", u, otherFinalizer)
-	}
-	codes := auditedObjectWrites(t, ns, controllerUser)[name]
-	if !slices.Contains(codes, 422) {
-		t.Errorf("the controller's writes to %s answered %v: the held patch never failed its test", name, codes)
 	}
 	// kopf re-adding its finalizer is refused on an object being deleted.
 	_, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`","`+kopfFinalizer+`"]}}`), metav1.PatchOptions{})
@@ -381,15 +478,25 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 // TestKopfMigrationPolicy: with deploy/kopf-migration/ applied, the
 // controller's ServiceAccount may remove kopf's finalizer from an object
 // being deleted, and nothing else: every other change it sends to a Uuid
-// object is denied by the ValidatingAdmissionPolicy, though its RBAC
-// (patch on uuid) would allow it. Its status writes are unaffected.
+// object is denied by the ValidatingAdmissionPolicy, though RBAC would
+// allow it (patch from the opt-in, create and delete from a Role the test
+// adds). Each of the policy's rules has a case that only it refuses; the
+// last one's cases remove kopf's finalizer from an object being deleted
+// and change something else in the same request. Its status writes are
+// unaffected.
 func TestKopfMigrationPolicy(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
 	useKopfMigration(ctx, t, ns, true)
+	grantCreateDelete(ctx, t, ns)
 	createBare(ctx, t, ns, "live", kopfFinalizer)
 	createBare(ctx, t, ns, "deleting", otherFinalizer, kopfFinalizer)
 	t.Cleanup(func() { dropFinalizers(ns, "live", "deleting", "policy-probe") })
+	for _, n := range []string{"live", "deleting"} {
+		if _, err := uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+kopfAnnotation+`":"{}\n"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	deleteUuid(ctx, t, ns, "deleting")
 	sa := saClient(t).Resource(cluster.UuidGVR).Namespace(ns)
 	jsonPatch := func(name, ops string) error {
@@ -400,26 +507,50 @@ func TestKopfMigrationPolicy(t *testing.T) {
 		_, err := sa.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
 	}
+	// removeKopf is the one change allowed: kopf's finalizer, at index 1 of
+	// "deleting", removed; alone it goes through (last, below).
+	removeKopf := `{"op":"test","path":"/metadata/finalizers/1","value":"` + kopfFinalizer + `"},{"op":"remove","path":"/metadata/finalizers/1"}`
+	removeKopfAnd := func(op string) func() error {
+		return func() error { return jsonPatch("deleting", "["+removeKopf+","+op+"]") }
+	}
+	const (
+		onlyUpdates  = "may only update Uuid objects"
+		onlyDeleting = "may only change Uuid objects being deleted"
+		onlyKopf     = "may only remove the finalizer " + kopfFinalizer
+		nothingElse  = "may not change labels, annotations, owners, spec or status"
+	)
 	denied := []struct {
-		name string
-		try  func() error
+		name, rule string
+		try        func() error
 	}{
-		{"a label", func() error { return merge("live", `{"metadata":{"labels":{"a":"b"}}}`) }},
-		{"kopf's annotation", func() error { return merge("live", `{"metadata":{"annotations":{"`+kopfAnnotation+`":null}}}`) }},
-		{"another annotation", func() error { return merge("deleting", `{"metadata":{"annotations":{"a":"b"}}}`) }},
-		{"the spec", func() error { return merge("deleting", `{"spec":{"a":"b"}}`) }},
-		{"kopf's finalizer from a live object", func() error {
+		{"a new object", onlyUpdates, func() error {
+			_, err := sa.Create(ctx, framework.NewUuid("created"), metav1.CreateOptions{})
+			return err
+		}},
+		{"a live object, deleted", onlyUpdates, func() error { return sa.Delete(ctx, "live", metav1.DeleteOptions{}) }},
+		{"a label", onlyDeleting, func() error { return merge("live", `{"metadata":{"labels":{"a":"b"}}}`) }},
+		{"kopf's annotation", onlyDeleting, func() error { return merge("live", `{"metadata":{"annotations":{"`+kopfAnnotation+`":null}}}`) }},
+		{"kopf's finalizer from a live object", onlyDeleting, func() error {
 			return jsonPatch("live", `[{"op":"test","path":"/metadata/finalizers/0","value":"`+kopfFinalizer+`"},{"op":"remove","path":"/metadata/finalizers/0"}]`)
 		}},
-		{"another finalizer", func() error {
+		{"another annotation", onlyKopf, func() error { return merge("deleting", `{"metadata":{"annotations":{"a":"b"}}}`) }},
+		{"the spec", onlyKopf, func() error { return merge("deleting", `{"spec":{"a":"b"}}`) }},
+		{"another finalizer", onlyKopf, func() error {
 			return jsonPatch("deleting", `[{"op":"remove","path":"/metadata/finalizers/0"}]`)
 		}},
-		{"every finalizer", func() error { return merge("deleting", `{"metadata":{"finalizers":null}}`) }},
+		{"every finalizer", onlyKopf, func() error { return merge("deleting", `{"metadata":{"finalizers":null}}`) }},
+		// A status sent to the object itself is dropped by the apiserver
+		// (the CRD has a status subresource) before admission sees it.
+		{"kopf's finalizer and a label", nothingElse, removeKopfAnd(`{"op":"add","path":"/metadata/labels","value":{"a":"b"}}`)},
+		{"kopf's finalizer and kopf's annotation", nothingElse, removeKopfAnd(`{"op":"remove","path":"/metadata/annotations/kopf.zalando.org~1last-handled-configuration"}`)},
+		{"kopf's finalizer and another annotation", nothingElse, removeKopfAnd(`{"op":"add","path":"/metadata/annotations/a","value":"b"}`)},
+		{"kopf's finalizer and an owner", nothingElse, removeKopfAnd(`{"op":"add","path":"/metadata/ownerReferences","value":[{"apiVersion":"v1","kind":"ConfigMap","name":"owner","uid":"` + uuid.NewString() + `"}]}`)},
+		{"kopf's finalizer and the spec", nothingElse, removeKopfAnd(`{"op":"add","path":"/spec","value":{"a":"b"}}`)},
 	}
 	for _, d := range denied {
 		err := d.try()
-		if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
-			t.Errorf("the ServiceAccount changing %s: %v, want it denied by the admission policy", d.name, err)
+		if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), d.rule) {
+			t.Errorf("the ServiceAccount changing %s: %v, want it denied by the admission policy: %q", d.name, err, d.rule)
 		}
 	}
 	for _, n := range []string{"live", "deleting"} {
@@ -427,15 +558,118 @@ func TestKopfMigrationPolicy(t *testing.T) {
 			t.Errorf("%s: a write of the ServiceAccount went through: %v", n, w)
 		}
 	}
-	if err := jsonPatch("deleting", `[{"op":"test","path":"/metadata/finalizers/1","value":"`+kopfFinalizer+`"},{"op":"remove","path":"/metadata/finalizers/1"}]`); err != nil {
+	if u := object(ctx, t, ns, "created"); u != nil {
+		t.Errorf("the ServiceAccount's create went through: %v", u)
+	}
+	if u := object(ctx, t, ns, "live"); u == nil || u.GetDeletionTimestamp() != nil {
+		t.Errorf("the ServiceAccount's delete of live went through: %v", u)
+	}
+	if err := jsonPatch("deleting", "["+removeKopf+"]"); err != nil {
 		t.Errorf("the ServiceAccount removing kopf's finalizer from an object being deleted: %v, want it allowed", err)
 	}
-	if u := object(ctx, t, ns, "deleting"); u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) {
-		t.Errorf("deleting: %v, want only %s left", u, otherFinalizer)
+	u := object(ctx, t, ns, "deleting")
+	if u == nil || !slices.Equal(u.GetFinalizers(), []string{otherFinalizer}) || u.GetAnnotations()[kopfAnnotation] != "{}\n" || len(u.GetLabels()) != 0 || len(u.GetOwnerReferences()) != 0 {
+		t.Errorf("deleting: %v, want only %s left of the finalizers and nothing else changed", u, otherFinalizer)
 	}
 	// The status subresource is not the policy's business.
 	_, err := sa.Patch(ctx, "live", types.MergePatchType, []byte(`{"status":{"state":"Ok","uuid":"`+uuid.NewString()+`"}}`), metav1.PatchOptions{}, "status")
 	if err != nil {
 		t.Errorf("the ServiceAccount's status write: %v, want it allowed", err)
+	}
+}
+
+// TestKopfMigrationFailsClosed: with the migration's RBAC but not its
+// admission policy, the grant is unbounded, so the controller run with
+// --remove-kopf-finalizer removes nothing: its dry-run proof is allowed, it
+// says so in /readyz, uuid_controller_kopf_policy_bound and its log, naming
+// the policy, and an object stuck on kopf's finalizer stays. Once the
+// policy is applied, the next removal proves it and goes ahead, with no
+// restart.
+func TestKopfMigrationFailsClosed(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	useKopfMigration(ctx, t, ns, false)
+	const name = "stuck"
+	createBare(ctx, t, ns, name, kopfFinalizer)
+	t.Cleanup(func() { dropFinalizers(ns, name) })
+	if err := patchStatus(ctx, ns, name, `{"status":{"state":"Ok","uuid":"`+uuid.NewString()+`"}}`); err != nil {
+		t.Fatal(err)
+	}
+	deleteUuid(ctx, t, ns, name)
+	p := launchController(ctx, t, env.kubeconfig, ns, "--remove-kopf-finalizer", "--max-retry-delay=2s")
+
+	body := waitNotReady(ctx, t, p, time.Minute, "uuid-controller-kopf-migration")
+	t.Logf("/readyz without the policy: %s", body)
+	if v := controllerMetric(ctx, t, p, "uuid_controller_kopf_policy_bound", nil); v != 0 {
+		t.Errorf("uuid_controller_kopf_policy_bound = %v without the policy, want 0", v)
+	}
+	// The proof at start, then at least one at the removal itself: the
+	// removal was tried and held back.
+	dryRuns := func() int {
+		return len(auditedEvents(t, ns, func(ev cluster.AuditEvent) bool {
+			return ev.DryRun() && ev.User.Username == controllerUser && ev.ObjectRef.Name == name
+		}))
+	}
+	waitFor(t, 30*time.Second, "two dry-run proofs of the policy", func() bool { return dryRuns() >= 2 })
+	if u := object(ctx, t, ns, name); u == nil || !slices.Contains(u.GetFinalizers(), kopfFinalizer) {
+		t.Fatalf("without the policy: %v, want the object still held by kopf's finalizer", u)
+	}
+	if w := auditedObjectWrites(t, ns, controllerUser)[name]; len(w) != 0 {
+		t.Errorf("the controller wrote to %s without the policy: %v", name, w)
+	}
+	if out := p.Output(); !strings.Contains(out, "Removing no kopf finalizer until the admission policy binds this controller") ||
+		!strings.Contains(out, "uuid-controller-kopf-migration") {
+		t.Errorf("the log does not name the missing policy:\n%s", out)
+	}
+
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyKopfPolicy(ctx, t, ns, filepath.Join(root, "deploy", "kopf-migration", "policy.yaml"), []string{labelPatch, annotationPatch}, nil)
+	waitFor(t, time.Minute, "the object to go once the policy binds", func() bool { return object(ctx, t, ns, name) == nil })
+	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Errorf("not ready once the policy binds: %v", err)
+	}
+	if v := controllerMetric(ctx, t, p, "uuid_controller_kopf_policy_bound", nil); v != 1 {
+		t.Errorf("uuid_controller_kopf_policy_bound = %v with the policy, want 1", v)
+	}
+	if w := auditedObjectWrites(t, ns, controllerUser)[name]; !slices.Equal(w, []int{200}) {
+		t.Errorf("the controller's writes to %s answered %v, want one 200", name, w)
+	}
+}
+
+// grantCreateDelete lets the controller's ServiceAccount create and delete
+// Uuid objects in ns, which deploy/ never grants, so that the admission
+// policy is what refuses them; it waits until RBAC lets a create through
+// to admission.
+func grantCreateDelete(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	rbac := env.kube.RbacV1()
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "uuid-create-delete"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{cluster.UuidGVR.Group}, Resources: []string{cluster.UuidGVR.Resource}, Verbs: []string{"create", "delete"}}},
+	}
+	if _, err := rbac.Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: cluster.ControllerServiceAccount, Namespace: cluster.ControllerNamespace}},
+	}
+	if _, err := rbac.RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sa := saClient(t).Resource(cluster.UuidGVR).Namespace(ns)
+	err := framework.Poll(ctx, 30*time.Second, "RBAC to let the ServiceAccount's create reach admission", func(ctx context.Context) error {
+		_, err := sa.Create(ctx, framework.NewUuid("rbac-probe"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil && strings.Contains(err.Error(), "cannot create resource") {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +179,89 @@ func TestLeaseLostExits(t *testing.T) {
 	}
 	waitUUIDs(ctx, t, ns, createAfterOutage(ctx, t, ns, "after", 5), time.Minute)
 	mustStayRunning(t, standby)
+}
+
+// TestLeaseLossStopsWritesFirst: the leader's Lease renewals fail (through
+// a proxy) in the middle of a burst whose status writes the proxy holds
+// for 3 s each, so some are always in flight. The old leader must cancel
+// them when it stops leading: the audit log shows no write of the old
+// leader (told apart by the User-Agent the proxy sets) after the new
+// leader's first. Letting them finish, as a shutdown does, would land them
+// while the new leader writes.
+func TestLeaseLossStopsWritesFirst(t *testing.T) {
+	ctx := testCtx(t)
+	ns := newNamespace(ctx, t)
+	const oldLeaderAgent = "uuid-controller-old-leader"
+	var failRenewals atomic.Bool
+	kubeconfig := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		r.Header.Set("User-Agent", oldLeaderAgent)
+		switch {
+		case failRenewals.Load() && r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/leases/"+ns):
+			http.Error(w, "renewals fail in this test", http.StatusInternalServerError)
+			return true
+		case isStatusPatch(r):
+			// Read the body first: net/http notices a client that went away
+			// (and cancels r's context) only once the body is read.
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return true
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			select {
+			case <-time.After(3 * time.Second):
+				return false // forwarded
+			case <-r.Context().Done():
+				return true // cancelled by the controller: never sent on
+			}
+		}
+		return false
+	})
+	history := watchUUIDs(ctx, t, ns)
+	args := leaderArgs(ns, 4*time.Second)
+	old := startControllerAs(ctx, t, kubeconfig, ns, args...)
+	waitLeader(ctx, t, 20*time.Second, old)
+	next := startController(ctx, t, ns, args...)
+	names := createUuids(ctx, t, ns, "burst", 300)
+	waitFirstAssignment(ctx, t, old)
+	failRenewals.Store(true)
+
+	if code, err := old.Wait(30 * time.Second); err != nil || code == 0 {
+		t.Fatalf("old leader: exit code %d, %v; want non-zero within 30 s of failing renewals", code, err)
+	}
+	if got := waitLeader(ctx, t, 30*time.Second, next); got != next {
+		t.Fatal("the standby did not take over")
+	}
+	ids := waitUUIDs(ctx, t, ns, names, 2*time.Minute)
+
+	// Every status PATCH of the old leader's that reached the apiserver
+	// counts, whatever its code: one cut off by its client is logged 504
+	// even when it committed.
+	var oldWrites, newWrites []time.Time
+	for _, ev := range auditedStatusPatchEvents(t, ns) {
+		switch {
+		case ev.UserAgent == oldLeaderAgent:
+			oldWrites = append(oldWrites, ev.RequestReceived)
+		case ev.ResponseStatus.Code == http.StatusOK:
+			newWrites = append(newWrites, ev.RequestReceived)
+		}
+	}
+	if len(oldWrites) == 0 || len(newWrites) == 0 {
+		t.Fatalf("%d writes by the old leader, %d by the new one: want both to have written", len(oldWrites), len(newWrites))
+	}
+	firstNew := slices.MinFunc(newWrites, time.Time.Compare)
+	lastOld := slices.MaxFunc(oldWrites, time.Time.Compare)
+	t.Logf("old leader: %d writes, the last at %s; new leader: %d writes, the first at %s",
+		len(oldWrites), lastOld.Format(time.StampMicro), len(newWrites), firstNew.Format(time.StampMicro))
+	if !lastOld.Before(firstNew) {
+		late := 0
+		for _, w := range oldWrites {
+			if !w.Before(firstNew) {
+				late++
+			}
+		}
+		t.Errorf("the old leader wrote %d times after the new leader's first write (last %s after it)", late, lastOld.Sub(firstNew))
+	}
+	// The precondition still keeps each object to one UUID ever.
+	history.Stop()
+	history.checkOnce(t, ids)
 }

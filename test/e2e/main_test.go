@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // env is what every test shares: one cluster, one controller binary.
@@ -31,6 +32,8 @@ var env struct {
 	// dyn and kube are admin clients, for the tests' own reads and writes.
 	dyn  dynamic.Interface
 	kube kubernetes.Interface
+	// fw is test/framework on dyn and kube.
+	fw framework.Clients
 }
 
 func TestMain(m *testing.M) {
@@ -77,10 +80,9 @@ func setup() error {
 	if env.kubeconfig, err = env.cluster.ControllerKubeconfig(ctx); err != nil {
 		return err
 	}
-	cfg := env.cluster.AdminConfig()
-	if env.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+	if env.fw, err = framework.NewClients(env.cluster.AdminConfig()); err != nil {
 		return err
 	}
-	env.kube, err = kubernetes.NewForConfig(cfg)
-	return err
+	env.dyn, env.kube = env.fw.Dyn, env.fw.Kube
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // metricsReaderRole is deploy/rbac.yaml's ClusterRole for scrapers.
@@ -177,7 +179,7 @@ func TestMetricsCertFromFiles(t *testing.T) {
 	if err := os.WriteFile(certFile, []byte("not a certificate"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if !reaches(true, func() bool { return strings.Contains(p.Output(), "failed to find any PEM data") }) {
+	if !framework.Reaches(true, func() bool { return strings.Contains(p.Output(), "failed to find any PEM data") }) {
 		t.Fatal("the controller did not log the broken certificate file")
 	}
 	if _, _, err := tryGetMetrics(ctx, p.MetricsURL(), reader, caOld); err != nil {
@@ -194,16 +196,14 @@ func TestMetricsCertFromFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	if err := framework.Poll(ctx, 90*time.Second, "a client trusting the new CA to read /metrics", func(ctx context.Context) error {
 		code, body, err := tryGetMetrics(ctx, p.MetricsURL(), reader, caNew)
 		if err == nil && code == http.StatusOK && strings.Contains(body, "uuid_controller_uuids_assigned_total") {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("90 s after the files were replaced, a client trusting the new CA still fails: %d %v", code, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return fmt.Errorf("answered %d, error %v", code, err)
+	}); err != nil {
+		t.Fatalf("after the files were replaced: %v", err)
 	}
 	if _, _, err := tryGetMetrics(ctx, p.MetricsURL(), reader, caOld); err == nil {
 		t.Error("after rotation a client trusting only the old CA still connects")
@@ -243,7 +243,7 @@ func TestMetricsReviewsUnavailable(t *testing.T) {
 		t.Errorf("once the reviews go through again: %v", err)
 	}
 	for _, want := range []string{"TokenReview: ", "SubjectAccessReview for user ", "could not review"} {
-		if !reaches(true, func() bool { return strings.Contains(p.Output(), want) }) {
+		if !framework.Reaches(true, func() bool { return strings.Contains(p.Output(), want) }) {
 			t.Errorf("the log does not mention %q", want)
 		}
 	}
@@ -264,7 +264,7 @@ func TestMetricsWithoutReviewPermission(t *testing.T) {
 	p := startSecureController(ctx, t, kc, ns, cluster.MetricsAuth{Token: reader})
 	mustRefuse(ctx, t, p, reader, http.StatusServiceUnavailable, "no permission to create tokenreviews")
 	// The log reaches the test through a pipe, a moment after the answer.
-	if !reaches(true, func() bool { return strings.Contains(p.Output(), "tokenreviews.authentication.k8s.io is forbidden") }) {
+	if !framework.Reaches(true, func() bool { return strings.Contains(p.Output(), "tokenreviews.authentication.k8s.io is forbidden") }) {
 		t.Errorf("the log does not say the TokenReview was forbidden:\n%s", p.Output())
 	}
 }

@@ -9,22 +9,20 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // env is one cluster and one controller binary for the package's tests.
 var env struct {
 	cluster            *cluster.Cluster
 	binary, kubeconfig string
-	dyn                dynamic.Interface
-	kube               kubernetes.Interface
+	// Clients are admin clients, for the tests' own reads and writes.
+	framework.Clients
 }
 
 func TestMain(m *testing.M) {
@@ -67,10 +65,7 @@ func setup(binDir string) error {
 	if env.kubeconfig, err = env.cluster.ControllerKubeconfig(ctx); err != nil {
 		return err
 	}
-	if env.dyn, err = dynamic.NewForConfig(env.cluster.AdminConfig()); err != nil {
-		return err
-	}
-	env.kube, err = kubernetes.NewForConfig(env.cluster.AdminConfig())
+	env.Clients, err = framework.NewClients(env.cluster.AdminConfig())
 	return err
 }
 
@@ -78,8 +73,8 @@ func setup(binDir string) error {
 // InProgress for an object no controller has written yet (the CRD's
 // default status) and Current once its UUID is assigned.
 func TestKstatusCurrentOnceAssigned(t *testing.T) {
-	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ctx := framework.Context(t, 3*time.Minute)
+	ns := env.NewNamespace(ctx, t)
 	create(ctx, t, ns, "early")
 	if res := compute(ctx, t, ns, "early"); res.Status != status.InProgressStatus {
 		t.Errorf("kstatus of an object not yet written = %s (%s), want InProgress", res.Status, res.Message)
@@ -106,8 +101,8 @@ func TestKstatusOnFailure(t *testing.T) {
 			want = status.InProgressStatus
 		}
 		t.Run(d.Name, func(t *testing.T) {
-			ctx := testCtx(t)
-			ns := newNamespace(ctx, t)
+			ctx := framework.Context(t, 3*time.Minute)
+			ns := env.NewNamespace(ctx, t)
 			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, d.Reason)
 			if err != nil {
 				t.Fatal(err)
@@ -132,63 +127,29 @@ func TestKstatusOnFailure(t *testing.T) {
 	}
 }
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// newNamespace creates a namespace for one test: gitops-<random>.
-func newNamespace(ctx context.Context, t *testing.T) string {
-	t.Helper()
-	ns, err := env.kube.CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "gitops-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
-
 // startController runs the controller as its ServiceAccount on namespace
 // ns until the test ends.
 func startController(ctx context.Context, t *testing.T, ns string, args ...string) {
 	t.Helper()
-	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
+	p := framework.LaunchController(ctx, t, cluster.ControllerOptions{
 		Binary: env.binary, Kubeconfig: env.kubeconfig,
 		Args: append([]string{"--namespace", ns, "-v", "2"}, args...),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("controller output:\n%s", p.Output())
-		}
 	})
 	if err := p.WaitReady(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func uuids(ns string) dynamic.ResourceInterface {
-	return env.dyn.Resource(cluster.UuidGVR).Namespace(ns)
-}
-
 func create(ctx context.Context, t *testing.T, ns, name string) {
 	t.Helper()
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "demo.operator/v1", "kind": "Uuid", "metadata": map[string]any{"name": name},
-	}}
-	if _, err := uuids(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+	if _, err := env.Uuids(ns).Create(ctx, framework.NewUuid(name), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create %s/%s: %v", ns, name, err)
 	}
 }
 
 func get(ctx context.Context, t *testing.T, ns, name string) *unstructured.Unstructured {
 	t.Helper()
-	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := env.Uuids(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get %s/%s: %v", ns, name, err)
 	}
@@ -209,16 +170,18 @@ func compute(ctx context.Context, t *testing.T, ns, name string) *status.Result 
 // with a message containing each of msgs, and returns the result.
 func waitStatus(ctx context.Context, t *testing.T, ns, name string, want status.Status, msgs ...string) *status.Result {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		res := compute(ctx, t, ns, name)
-		if res.Status == want && containsAll(res.Message, msgs) {
-			return res
+	var res *status.Result
+	err := framework.Poll(ctx, 30*time.Second, fmt.Sprintf("kstatus %s with %q on %s/%s", want, msgs, ns, name), func(context.Context) error {
+		res = compute(ctx, t, ns, name)
+		if res.Status != want || !containsAll(res.Message, msgs) {
+			return fmt.Errorf("kstatus is %s (%s)", res.Status, res.Message)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kstatus of %s/%s is %s (%s) after 30 s, want %s with %q", ns, name, res.Status, res.Message, want, msgs)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return res
 }
 
 func containsAll(s string, subs []string) bool {

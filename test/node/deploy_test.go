@@ -12,8 +12,9 @@ import (
 )
 
 // TestReplicasRunningOneLeader: deploy/ as applied runs two replicas,
-// Running and Ready with no restarts, the image built here; exactly one of
-// them holds the Lease and says so in its log, the other waits for it.
+// Running and Ready with no restarts, the image built here and pulled from
+// the node's registry by digest; exactly one of them holds the Lease and
+// says so in its log, the other waits for it.
 func TestReplicasRunningOneLeader(t *testing.T) {
 	ctx := testCtx(t)
 	d := rolledOutReplicas(ctx, t)
@@ -31,8 +32,11 @@ func TestReplicasRunningOneLeader(t *testing.T) {
 		if cs.RestartCount != 0 {
 			t.Errorf("pod %s: %d restarts", p.Name, cs.RestartCount)
 		}
-		if !strings.HasSuffix(cs.Image, controllerImage) {
-			t.Errorf("pod %s runs image %s, want %s (built by make image)", p.Name, cs.Image, controllerImage)
+		// The kubelet reports the pulled index as the image ID,
+		// REGISTRY/REPO@sha256:...; cs.Image is containerd's local image ID
+		// (sha256:..., the config), as a digest-only reference has no tag.
+		if spec := p.Spec.Containers[0].Image; spec != env.image || cs.ImageID != env.image {
+			t.Errorf("pod %s: image %s, runs %s (ID %s), want %s (pushed by make image-push)", p.Name, spec, cs.Image, cs.ImageID, env.image)
 		}
 		log := podLog(t, p)
 		acquired := strings.Contains(log, `"Successfully acquired lease" lock="`+ns+"/"+leaseName+`"`)
@@ -57,7 +61,7 @@ func TestReplicasRunningOneLeader(t *testing.T) {
 // were admitted under it.
 func TestNamespaceEnforcesRestricted(t *testing.T) {
 	ctx := testCtx(t)
-	n, err := env.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	n, err := env.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +72,9 @@ func TestNamespaceEnforcesRestricted(t *testing.T) {
 	// keep its capabilities, which "baseline" allows and "restricted" not.
 	plain := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: controllerImage}}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: env.image}}},
 	}
-	_, err = env.kube.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, err = env.Kube.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
 		t.Fatalf("pod without a security context in %s: err = %v, want Forbidden by PodSecurity restricted", ns, err)
 	}

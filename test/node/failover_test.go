@@ -27,18 +27,18 @@ func TestLeaderPodDeleted(t *testing.T) {
 	t.Logf("leader %s, standby %s", leaderName, standby)
 	leaseDuration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
 
-	objNS := newNamespace(ctx, t, "takeover")
+	objNS := newNamespace(ctx, t)
 	before := createUuids(ctx, t, objNS, "before", 20)
-	waitUUIDs(ctx, t, objNS, len(before), time.Minute)
+	waitUUIDs(ctx, t, objNS, before, time.Minute)
 	ids := watchUUIDs(ctx, t, objNS)
 	leases := watchLease(ctx, t)
 	exit := watchExitCode(t, leader)
 
 	deleted := time.Now()
-	if err := env.kube.CoreV1().Pods(ns).Delete(ctx, leader.Name, metav1.DeleteOptions{}); err != nil {
+	if err := env.Kube.CoreV1().Pods(ns).Delete(ctx, leader.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	createUuids(ctx, t, objNS, "during", 20)
+	during := createUuids(ctx, t, objNS, "during", 20)
 
 	// The next leader is the standby, or the Deployment's replacement pod
 	// when it starts and asks first: after a release, whichever replica
@@ -77,8 +77,15 @@ func TestLeaderPodDeleted(t *testing.T) {
 		t.Errorf("the deleted leader did not release the Lease before %s took it: holders %v", who, holders(leases.observations()))
 	}
 
-	waitUUIDs(ctx, t, objNS, 40, time.Minute)
-	for name, n := range statusWrites(t, objNS) {
+	leases.check(t)
+	names := append(before, during...)
+	waitUUIDs(ctx, t, objNS, names, time.Minute)
+	// Sized, so that an audit filter that matched nothing fails.
+	writes := statusWrites(t, objNS)
+	if len(writes) != len(names) {
+		t.Errorf("the audit log shows status writes to %d objects in %s, want %d", len(writes), objNS, len(names))
+	}
+	for name, n := range writes {
 		if n != 1 {
 			t.Errorf("%s/%s: %d status writes, want 1", objNS, name, n)
 		}
@@ -116,7 +123,7 @@ type exitWatch struct {
 
 func watchExitCode(t *testing.T, p *corev1.Pod) *exitWatch {
 	t.Helper()
-	w, err := env.kube.CoreV1().Pods(p.Namespace).Watch(t.Context(), metav1.ListOptions{
+	w, err := env.Kube.CoreV1().Pods(p.Namespace).Watch(t.Context(), metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", p.Name).String(), ResourceVersion: p.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)

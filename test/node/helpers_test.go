@@ -4,6 +4,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -11,17 +12,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // controllerUser is who the controller's writes come from.
@@ -30,33 +31,17 @@ const controllerUser = "system:serviceaccount:" + cluster.ControllerNamespace + 
 // testCtx is bounded so a stuck node fails the test instead of CI.
 func testCtx(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
+	return framework.Context(t, 8*time.Minute)
 }
 
-// poll calls check every 200 ms until it returns nil or timeout passes.
-func poll(ctx context.Context, timeout time.Duration, what string, check func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		err := check(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
+// poll is framework.Poll.
+var poll = framework.Poll
 
 // waitRolledOut waits until the Deployment has all its replicas updated,
 // Ready and available, and no other pod of it is left.
 func waitRolledOut(ctx context.Context) error {
 	return poll(ctx, 5*time.Minute, "the Deployment to roll out", func(ctx context.Context) error {
-		d, err := env.kube.AppsV1().Deployments(ns).Get(ctx, deployName, metav1.GetOptions{})
+		d, err := env.Kube.AppsV1().Deployments(ns).Get(ctx, deployName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -122,7 +107,7 @@ func rolledOutReplicas(ctx context.Context, t *testing.T) deployed {
 
 // controllerPods lists the Deployment's pods that are not being deleted.
 func controllerPods(ctx context.Context) ([]corev1.Pod, error) {
-	l, err := env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: appLabel})
+	l, err := env.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: appLabel})
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +132,7 @@ func podReady(p *corev1.Pod) bool {
 // leaseHolder returns the Lease and the pod its holder identity names
 // (identities are "<hostname>_<random>", the hostname being the pod's name).
 func leaseHolder(ctx context.Context) (*coordinationv1.Lease, string, error) {
-	l, err := env.kube.CoordinationV1().Leases(ns).Get(ctx, leaseName, metav1.GetOptions{})
+	l, err := env.Kube.CoordinationV1().Leases(ns).Get(ctx, leaseName, metav1.GetOptions{})
 	if err != nil {
 		return nil, "", err
 	}
@@ -172,90 +157,26 @@ func podLog(t *testing.T, p *corev1.Pod) string {
 	return out
 }
 
-// newNamespace creates a namespace for a test's objects.
-func newNamespace(ctx context.Context, t *testing.T, prefix string) string {
+// The helpers below bind test/framework to the node's cluster.
+
+// newNamespace creates a namespace named after the test.
+func newNamespace(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	name := prefix + "-" + uuid.NewString()[:6]
-	if _, err := env.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace %s: %v", name, err)
-	}
-	return name
+	return env.NewNamespace(ctx, t)
 }
 
-func uuids(namespace string) dynamic.ResourceInterface {
-	return env.dyn.Resource(cluster.UuidGVR).Namespace(namespace)
-}
-
-// createUuids creates n objects prefix-0 ... in namespace, 16 at a time,
-// and returns their names.
+// createUuids creates n objects prefix-0 ... in namespace and returns
+// their names.
 func createUuids(ctx context.Context, t *testing.T, namespace, prefix string, n int) []string {
 	t.Helper()
-	names := make([]string, n)
-	work := make(chan int)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for i := range work {
-				obj := &unstructured.Unstructured{Object: map[string]any{
-					"apiVersion": "demo.operator/v1", "kind": "Uuid",
-					"metadata": map[string]any{"name": names[i]}, "spec": map[string]any{},
-				}}
-				if _, err := uuids(namespace).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create %s/%s: %w", namespace, names[i], err)
-				}
-			}
-		})
-	}
-	for i := range n {
-		names[i] = fmt.Sprintf("%s-%d", prefix, i)
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return names
+	return env.CreateUuids(ctx, t, namespace, prefix, n)
 }
 
-// waitUUIDs waits until every object in namespace has state Ok and a
-// valid UUID, and there are want of them; it returns name -> UUID.
-func waitUUIDs(ctx context.Context, t *testing.T, namespace string, want int, timeout time.Duration) map[string]string {
+// waitUUIDs waits until every named object in namespace has state Ok and a
+// valid UUID, and returns name -> UUID.
+func waitUUIDs(ctx context.Context, t *testing.T, namespace string, names []string, timeout time.Duration) map[string]string {
 	t.Helper()
-	var got map[string]string
-	err := poll(ctx, timeout, fmt.Sprintf("%d UUIDs in %s", want, namespace), func(ctx context.Context) error {
-		l, err := uuids(namespace).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		got = map[string]string{}
-		missing := 0
-		for _, o := range l.Items {
-			state, _, _ := unstructured.NestedString(o.Object, "status", "state")
-			id, _, _ := unstructured.NestedString(o.Object, "status", "uuid")
-			if _, err := uuid.Parse(id); state != "Ok" || err != nil {
-				missing++
-				continue
-			}
-			got[o.GetName()] = id
-		}
-		if len(l.Items) != want || missing > 0 {
-			return fmt.Errorf("%d objects, %d without state Ok and a UUID", len(l.Items), missing)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
-}
-
-// nestedUUID is an object's status.uuid.
-func nestedUUID(obj map[string]any) string {
-	id, _, _ := unstructured.NestedString(obj, "status", "uuid")
-	return id
+	return env.WaitUUIDs(ctx, t, namespace, names, timeout)
 }
 
 // statusWrites counts the controller's status writes in the audit log on
@@ -289,18 +210,18 @@ type uuidWatch struct {
 // watchUUIDs watches namespace's objects from now until the test ends.
 func watchUUIDs(ctx context.Context, t *testing.T, namespace string) *uuidWatch {
 	t.Helper()
-	l, err := uuids(namespace).List(ctx, metav1.ListOptions{})
+	l, err := env.Uuids(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list %s: %v", namespace, err)
 	}
 	uw := &uuidWatch{ids: map[string]string{}, done: make(chan struct{})}
 	for _, o := range l.Items {
-		if id, _, _ := unstructured.NestedString(o.Object, "status", "uuid"); id != "" {
+		if id := framework.UUIDOf(o.Object); id != "" {
 			uw.ids[o.GetName()] = id
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	w, err := uuids(namespace).Watch(ctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
+	w, err := env.Uuids(namespace).Watch(ctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
 	if err != nil {
 		cancel()
 		t.Fatalf("watch %s: %v", namespace, err)
@@ -320,7 +241,7 @@ func watchUUIDs(ctx context.Context, t *testing.T, namespace string) *uuidWatch 
 				if !ok {
 					continue
 				}
-				id, _, _ := unstructured.NestedString(o.Object, "status", "uuid")
+				id := framework.UUIDOf(o.Object)
 				uw.mu.Lock()
 				if old := uw.ids[o.GetName()]; old != "" && old != id {
 					uw.changes = append(uw.changes, fmt.Sprintf("%s: %q -> %q", o.GetName(), old, id))
@@ -355,17 +276,20 @@ type leaseObservation struct {
 	lease  *coordinationv1.Lease
 }
 
-// leaseWatch records every state of the Lease from now on.
+// leaseWatch records every state of the Lease from now on, and why it
+// stopped if it stopped before the test ended: a watch that broke off saw
+// nothing, and must not read as "no two leaders".
 type leaseWatch struct {
 	mu   sync.Mutex
 	obs  []leaseObservation
+	err  error
 	done chan struct{}
 }
 
 func watchLease(ctx context.Context, t *testing.T) *leaseWatch {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	w, err := env.kube.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{
+	w, err := env.Kube.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", leaseName).String()})
 	if err != nil {
 		cancel()
@@ -378,7 +302,8 @@ func watchLease(ctx context.Context, t *testing.T) *leaseWatch {
 		for ev := range w.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
 			if !ok {
-				continue
+				lw.fail(fmt.Errorf("lease watch: %s event: %w", ev.Type, apierrors.FromObject(ev.Object)))
+				return
 			}
 			holder := ""
 			if l.Spec.HolderIdentity != nil {
@@ -388,14 +313,47 @@ func watchLease(ctx context.Context, t *testing.T) *leaseWatch {
 			lw.obs = append(lw.obs, leaseObservation{at: time.Now(), holder: holder, lease: l})
 			lw.mu.Unlock()
 		}
+		if ctx.Err() == nil {
+			lw.fail(errors.New("lease watch: the server ended it before the test did"))
+		}
 	}()
 	return lw
+}
+
+func (lw *leaseWatch) fail(err error) {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	lw.err = err
 }
 
 func (lw *leaseWatch) observations() []leaseObservation {
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
 	return append([]leaseObservation(nil), lw.obs...)
+}
+
+// check fails the test if the watch broke off.
+func (lw *leaseWatch) check(t *testing.T) {
+	t.Helper()
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	if lw.err != nil {
+		t.Error(lw.err)
+	}
+}
+
+// handedOver reports whether obs show the Lease held by a pod that from
+// names and later by a pod that to names.
+func handedOver(obs []leaseObservation, from, to func(pod string) bool) bool {
+	held := false
+	for _, o := range obs {
+		pod := holderPod(o.lease)
+		if held && to(pod) {
+			return true
+		}
+		held = held || from(pod)
+	}
+	return false
 }
 
 // overlappingLeaders lists every handover in which a new holder took the

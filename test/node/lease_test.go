@@ -41,3 +41,36 @@ func TestOverlappingLeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestHandedOver checks the rollout test's other witness: it sees a
+// handover only when the Lease went from an old pod to a new one.
+func TestHandedOver(t *testing.T) {
+	obs := func(holders ...string) []leaseObservation {
+		var out []leaseObservation
+		for _, h := range holders {
+			out = append(out, leaseObservation{holder: h, lease: &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{HolderIdentity: &h}}})
+		}
+		return out
+	}
+	old := func(pod string) bool { return pod == "old" }
+	isNew := func(pod string) bool { return pod == "new" }
+	tests := []struct {
+		name string
+		obs  []leaseObservation
+		want bool
+	}{
+		{"nothing seen", nil, false},
+		{"old only", obs("old_1", "old_1"), false},
+		{"new only", obs("new_2"), false},
+		{"new then old", obs("new_2", "old_1"), false},
+		{"old, released, new", obs("old_1", "", "new_2"), true},
+		{"old then new", obs("old_1", "new_2"), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := handedOver(tt.obs, old, isNew); got != tt.want {
+				t.Errorf("handedOver(%v) = %v, want %v", holders(tt.obs), got, tt.want)
+			}
+		})
+	}
+}

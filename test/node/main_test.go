@@ -1,15 +1,17 @@
 //go:build node
 
-// Package node tests the controller as deployed: the image built by `make
-// image`, loaded into a real single node on this machine (test/cluster
-// with Options.Node: kube-controller-manager, kube-scheduler, containerd,
-// a kubelet and kube-proxy), and deploy/ applied with kubectl as a user
-// would. The controller has no kubeconfig there: it reaches the apiserver
-// with rest.InClusterConfig, its projected token and the kubernetes
-// Service's ClusterIP.
+// Package node tests the controller as deployed: the image built and
+// pushed by `make image-push` to the registry of a real single node on this
+// machine (test/cluster with Options.Node: kube-controller-manager,
+// kube-scheduler, containerd, a kubelet, kube-proxy and CNCF distribution's
+// registry), and deploy/ applied with kubectl as a user would, its image
+// pinned by digest as `make deploy IMG=...@sha256:...` pins it. The kubelet
+// pulls it; nothing imports it. The controller has no kubeconfig there: it
+// reaches the apiserver with rest.InClusterConfig, its projected token and
+// the kubernetes Service's ClusterIP.
 //
-// The tests need root, `make node-tools node-deps image pause-image`, and
-// the build tag: `make node-e2e` runs them. They share one node and one
+// The tests need root, `make node-tools node-deps pause-image`, and the
+// build tag: `make node-e2e` runs them. They share one node and one
 // Deployment; each starts by waiting for the Deployment to be rolled out,
 // so each may follow any other. TestMain fails the run if the machine is
 // not as it was before the node started (links, routes, iptables, mounts,
@@ -24,15 +26,17 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // The Deployment under test, as deploy/ names it.
@@ -42,15 +46,19 @@ const (
 	leaseName  = "uuid-controller"
 	container  = "controller"
 	appLabel   = "app.kubernetes.io/name=uuid-controller"
-	// controllerImage is the tag `make image` gives bin/uuid-controller.tar.
-	controllerImage = "uuid-controller:dev"
+	// imageRepo is the controller's repository in the node's registry.
+	imageRepo = "uuid-controller"
 )
 
 var env struct {
 	cluster *cluster.Cluster
 	root    string
-	dyn     dynamic.Interface
-	kube    kubernetes.Interface
+	framework.Clients
+	// image is the controller image as deployed: REGISTRY/REPO@sha256:...,
+	// the index `make image-push` pushed to the node's registry.
+	image string
+	// rolloutEvents are deploy/'s namespace's events once setup rolled it out.
+	rolloutEvents []corev1.Event
 }
 
 func TestMain(m *testing.M) {
@@ -115,28 +123,79 @@ func setup() error {
 	if env.root, err = cluster.RepoRoot(); err != nil {
 		return err
 	}
-	images := []string{filepath.Join(env.root, "bin", "pause.tar"), filepath.Join(env.root, "bin", "uuid-controller.tar")}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	env.cluster, err = cluster.Start(ctx, cluster.Options{
 		Logger: logger, Audit: true, Node: true,
-		PauseImage: images[0], NodeImages: images[1:],
+		PauseImage: filepath.Join(env.root, "bin", "pause.tar"),
 	})
 	if err != nil {
 		return err
 	}
-	cfg := env.cluster.AdminConfig()
-	if env.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+	if env.Clients, err = framework.NewClients(env.cluster.AdminConfig()); err != nil {
 		return err
 	}
-	if env.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+	if env.image, err = pushImage(ctx, env.cluster.Registry()+"/"+imageRepo+":node-e2e"); err != nil {
 		return err
 	}
-	// As a user would. The kustomization's image is the one `make image`
-	// tags (uuid-controller:dev), already in the node's containerd.
-	if out, err := kubectl(ctx, "apply", "-k", "deploy/"); err != nil {
-		return fmt.Errorf("kubectl apply -k deploy/: %w\n%s", err, out)
+	if err := applyDeploy(ctx); err != nil {
+		return err
 	}
-	return waitRolledOut(ctx)
+	if err := waitRolledOut(ctx); err != nil {
+		return err
+	}
+	// Kept now: TestHelmChart deletes the namespace, and its events with it.
+	events, err := env.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("the events in %s after the rollout: %w", ns, err)
+	}
+	env.rolloutEvents = events.Items
+	return nil
+}
+
+// applyDeploy applies deploy/ as a user would, its image pinned to the
+// pushed digest, as `make deploy IMG=...@sha256:...` applies it.
+func applyDeploy(ctx context.Context) error {
+	overlay, err := os.MkdirTemp("", "node-deploy-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(overlay)
+	if out, err := exec.CommandContext(ctx, filepath.Join(env.root, "hack", "kustomize-overlay.sh"), overlay, env.image).CombinedOutput(); err != nil {
+		return fmt.Errorf("hack/kustomize-overlay.sh: %w\n%s", err, out)
+	}
+	if out, err := kubectl(ctx, "apply", "-k", overlay); err != nil {
+		return fmt.Errorf("kubectl apply -k deploy/ (image %s): %w\n%s", env.image, err, out)
+	}
+	return nil
+}
+
+// pushImage runs `make image-push IMG=tag` against the node's registry, as
+// a user pushes a release, and returns the reference it printed
+// (REPOSITORY@sha256:...). An empty docker config: the node's registry
+// needs no credentials, and the user's must not leak into the test.
+func pushImage(ctx context.Context, tag string) (string, error) {
+	dockerConfig, err := os.MkdirTemp("", "node-docker-config-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dockerConfig)
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "image-push", "IMG="+tag, "REGISTRY_CA="+env.cluster.RegistryCA())
+	cmd.Dir = env.root
+	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+dockerConfig)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("make image-push IMG=%s: %w\n%s%s", tag, err, out, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	ref := lines[len(lines)-1]
+	repo, _, _ := strings.Cut(tag, ":node-e2e")
+	if !strings.HasPrefix(ref, repo+"@sha256:") {
+		return "", fmt.Errorf("make image-push IMG=%s printed %q last, want %s@sha256:...", tag, ref, repo)
+	}
+	fmt.Fprintf(os.Stderr, "node: pushed %s\n", ref)
+	return ref, nil
 }
 
 // kubectl runs bin/kubectl as admin and returns its combined output.

@@ -33,7 +33,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	d := rolledOutReplicas(ctx, t)
 	holder, standby := d.leader.Name, d.standby.Name
 
-	cr, err := env.kube.RbacV1().ClusterRoles().Get(ctx, "uuid-controller", metav1.GetOptions{})
+	cr, err := env.Kube.RbacV1().ClusterRoles().Get(ctx, "uuid-controller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	if removed != 2 {
 		t.Fatalf("the ClusterRole grants list and watch on uuid %d times, want 2: %+v", removed, cr.Rules)
 	}
-	if _, err := env.kube.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
+	if _, err := env.Kube.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	restored := false
@@ -63,7 +63,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	t.Cleanup(restore)
 
 	// The standby's replacement starts without list.
-	if err := env.kube.CoreV1().Pods(ns).Delete(ctx, standby, metav1.DeleteOptions{}); err != nil {
+	if err := env.Kube.CoreV1().Pods(ns).Delete(ctx, standby, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var fresh *corev1.Pod
@@ -84,7 +84,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 			// The kubelet's event is the proof the probe ran and kept
 			// failing, not just that it has not run yet or failed once
 			// before the cache synced (which is normal at start).
-			evs, err := env.kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
+			evs, err := env.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.Set{
 				"involvedObject.name": p.Name, "reason": "Unhealthy"}.String()})
 			if err != nil {
 				return err
@@ -104,7 +104,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := env.kube.CoreV1().Pods(ns).Get(ctx, fresh.Name, metav1.GetOptions{})
+	p, err := env.Kube.CoreV1().Pods(ns).Get(ctx, fresh.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 
 	restore()
 	if err := poll(ctx, 2*time.Minute, "the replica to turn Ready", func(ctx context.Context) error {
-		p, err := env.kube.CoreV1().Pods(ns).Get(ctx, fresh.Name, metav1.GetOptions{})
+		p, err := env.Kube.CoreV1().Pods(ns).Get(ctx, fresh.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}

@@ -5,11 +5,15 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // rolloutObjects is how many objects with UUIDs a rolling update runs over.
@@ -24,12 +28,16 @@ func TestRolloutRestart(t *testing.T) {
 	if err := waitRolledOut(ctx); err != nil {
 		t.Fatal(err)
 	}
-	objNS := newNamespace(ctx, t, "rollout")
+	objNS := newNamespace(ctx, t)
 	start := time.Now()
-	createUuids(ctx, t, objNS, "obj", rolloutObjects)
-	before := waitUUIDs(ctx, t, objNS, rolloutObjects, 3*time.Minute)
+	before := waitUUIDs(ctx, t, objNS, createUuids(ctx, t, objNS, "obj", rolloutObjects), 3*time.Minute)
 	t.Logf("%d objects created and given UUIDs in %s", rolloutObjects, time.Since(start).Round(time.Millisecond))
+	// The audit log holds each object's one write, or the filter below
+	// matches nothing and "no write during the rollout" proves nothing.
 	writesBefore := statusWrites(t, objNS)
+	if len(writesBefore) != rolloutObjects {
+		t.Fatalf("the audit log shows status writes to %d objects in %s, want %d", len(writesBefore), objNS, rolloutObjects)
+	}
 	ids := watchUUIDs(ctx, t, objNS)
 	leases := watchLease(ctx, t)
 	oldPods, err := controllerPods(ctx)
@@ -76,23 +84,25 @@ func TestRolloutRestart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	sentinelNS := newNamespace(ctx, t, "sentinel")
-	createUuids(ctx, t, sentinelNS, "sentinel", 1)
-	waitUUIDs(ctx, t, sentinelNS, 1, time.Minute)
+	sentinelNS := newNamespace(ctx, t)
+	waitUUIDs(ctx, t, sentinelNS, createUuids(ctx, t, sentinelNS, "sentinel", 1), time.Minute)
 
 	after := statusWrites(t, objNS)
+	if len(after) != rolloutObjects {
+		t.Errorf("the audit log shows status writes to %d objects in %s after the rollout, want %d", len(after), objNS, rolloutObjects)
+	}
 	for name, n := range after {
 		if n != writesBefore[name] {
 			t.Errorf("%s/%s: %d status writes during the rollout", objNS, name, n-writesBefore[name])
 		}
 	}
-	l, err := uuids(objNS).List(ctx, metav1.ListOptions{})
+	l, err := env.Uuids(objNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	changed := 0
 	for _, o := range l.Items {
-		if id := nestedUUID(o.Object); id != before[o.GetName()] {
+		if id := framework.UUIDOf(o.Object); id != before[o.GetName()] {
 			changed++
 		}
 	}
@@ -101,12 +111,23 @@ func TestRolloutRestart(t *testing.T) {
 	}
 	ids.check(t)
 
+	leases.check(t)
 	obs := leases.observations()
+	// "Never two leaders" holds of a watch that saw nothing: it must have
+	// seen the Lease pass from a replaced pod to a new one.
+	isPod := func(pods []corev1.Pod) func(string) bool {
+		return func(name string) bool {
+			return slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Name == name })
+		}
+	}
+	if !handedOver(obs, isPod(oldPods), isPod(newPods)) {
+		t.Errorf("the Lease watch saw no handover from an old pod to a new one: holders %v", holders(obs))
+	}
 	if bad := overlappingLeaders(obs); len(bad) > 0 {
 		t.Errorf("two leaders at once: %s", strings.Join(bad, "; "))
 	}
 	// And no second Lease that a replica could lead by.
-	all, err := env.kube.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{})
+	all, err := env.Kube.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

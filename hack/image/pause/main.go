@@ -5,14 +5,20 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 )
 
+const ready = "pause: running"
+
 func main() {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	// One line once the signals are caught, so a caller (its test) knows
+	// when a SIGTERM ends it cleanly instead of killing it.
+	fmt.Fprintln(os.Stderr, ready)
 	for sig := range sigs {
 		if sig != syscall.SIGCHLD {
 			return

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,13 +27,21 @@ func TestExitsZeroOnSignal(t *testing.T) {
 	bin := buildPause(t)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		cmd := exec.Command(bin)
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
-		// A SIGCHLD (no child exited) must not end it.
-		time.Sleep(200 * time.Millisecond)
+		// Once it catches the signals (before, SIGTERM would kill it), a
+		// SIGCHLD (no child exited) must not end it.
+		waitFor(t, "pause to catch its signals", func() int {
+			if strings.Contains(stderr.String(), ready) {
+				return 1
+			}
+			return 0
+		})
 		if err := cmd.Process.Signal(syscall.SIGCHLD); err != nil {
 			t.Fatal(err)
 		}
@@ -53,6 +63,24 @@ func TestExitsZeroOnSignal(t *testing.T) {
 			t.Fatalf("%v: still running after 10 s", sig)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // As PID 1 of its own PID namespace, as in a pod, pause inherits orphans and

@@ -1,4 +1,4 @@
-package main
+package metricsserver
 
 import (
 	"context"
@@ -34,11 +34,11 @@ type servingCert struct {
 // loadServingCert reads certFile and keyFile, or makes a self-signed
 // certificate when both are empty. An unreadable file or a key that does
 // not match the certificate is an error here, at start-up.
-func loadServingCert(certFile, keyFile string) (*servingCert, error) {
+func loadServingCert(certFile, keyFile, fallbackHost string) (*servingCert, error) {
 	s := &servingCert{}
 	var content dynamiccertificates.CertKeyContentProvider
 	if certFile == "" && keyFile == "" {
-		selfSigned, err := selfSignedCert()
+		selfSigned, err := selfSignedCert(fallbackHost)
 		if err != nil {
 			return nil, err
 		}
@@ -62,16 +62,15 @@ func loadServingCert(certFile, keyFile string) (*servingCert, error) {
 	return s, nil
 }
 
-// selfSignedCert is a certificate for this host's name, localhost and the
-// loopback addresses, signed by its own key. Scrapers cannot verify it
-// (Prometheus needs insecure_skip_verify); the bearer token still decides
-// who reads the metrics. The key is ECDSA P-256: client-go's
-// certutil.GenerateSelfSignedCertKey makes two RSA-2048 keys, which delayed
-// readiness by 0.2-2 s (median 0.46 s) on a busy 2-core machine.
-func selfSignedCert() (dynamiccertificates.CertKeyContentProvider, error) {
+// selfSignedCert is a certificate for this host's name (fallbackHost when
+// it has none), localhost and the loopback addresses, signed by its own
+// key. Scrapers cannot verify it; the bearer token still decides who reads
+// the metrics. The key is ECDSA P-256, one key where client-go's
+// certutil.GenerateSelfSignedCertKey makes two slow RSA-2048 ones.
+func selfSignedCert(fallbackHost string) (dynamiccertificates.CertKeyContentProvider, error) {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
-		host = controllerName
+		host = fallbackHost
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package metricsserver
 
 import (
 	"crypto/tls"
@@ -41,13 +41,13 @@ func TestLoadServingCertErrors(t *testing.T) {
 		{"key of another certificate", certA, keyB, "private key does not match public key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := loadServingCert(tc.cert, tc.key)
+			_, err := loadServingCert(tc.cert, tc.key, "uuid-controller")
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--metrics-cert-file") {
 				t.Errorf("error = %v, want one naming --metrics-cert-file and saying %q", err, tc.want)
 			}
 		})
 	}
-	if _, err := loadServingCert(certA, keyA); err != nil {
+	if _, err := loadServingCert(certA, keyA, "uuid-controller"); err != nil {
 		t.Errorf("a matching pair: %v", err)
 	}
 }
@@ -55,7 +55,7 @@ func TestLoadServingCertErrors(t *testing.T) {
 // Without files, the server presents a certificate made at start for the
 // loopback addresses, and only over TLS 1.2 or later.
 func TestSelfSignedServingCert(t *testing.T) {
-	s, err := loadServingCert("", "")
+	s, err := loadServingCert("", "", "uuid-controller")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,25 +1,59 @@
-package main
+package crdcheck
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/demo-operator/uuid-controller/internal/testlog"
 )
 
+// testStatus has the fields and json names of the controller's Status.
+type testStatus struct {
+	State      string             `json:"state,omitempty"`
+	Message    string             `json:"message,omitempty"`
+	UUID       string             `json:"uuid,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// newTestChecker checks the Uuid resource the captures in testdata serve,
+// as the controller does; d may be nil when fetch is replaced.
+func newTestChecker(d discovery.DiscoveryInterfaceWithContext) *Checker {
+	return New(Config{
+		Discovery: d,
+		Resource:  schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"},
+		Kind:      "Uuid",
+		Status:    reflect.TypeFor[testStatus](),
+		Samples: map[string][]string{
+			"state":   {"Ok", "Error"},
+			"message": {"resource created successfully", strings.Repeat("x", 1024)},
+			"uuid":    {"0b6f2a8e-5d4c-4f3b-9a1e-7c2d8e6f4a10"},
+		},
+		Fix:   "apply the controller's CRD: kubectl apply -f crd.yaml",
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crd_ready"}),
+	})
+}
+
 // facts reads a capture from testdata (see testdata/README.md).
-func facts(t *testing.T, which string) crdFacts {
+func readFacts(t *testing.T, which string) facts {
 	t.Helper()
 	var rl metav1.APIResourceList
 	b, err := os.ReadFile("testdata/discovery-" + which + ".json")
@@ -33,7 +67,7 @@ func facts(t *testing.T, which string) crdFacts {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return crdFacts{resources: &rl, openAPI: doc}
+	return facts{resources: &rl, openAPI: doc}
 }
 
 // editSchema decodes doc, lets edit change the Uuid schema's status
@@ -54,9 +88,9 @@ func editSchema(t *testing.T, doc []byte, edit func(status map[string]any)) []by
 }
 
 func TestCRDProblems(t *testing.T) {
-	good, article := facts(t, "crd"), facts(t, "article-crd")
+	good, article := readFacts(t, "crd"), readFacts(t, "article-crd")
 	props := func(st map[string]any) map[string]any { return st["properties"].(map[string]any) }
-	withSchema := func(edit func(map[string]any)) crdFacts {
+	withSchema := func(edit func(map[string]any)) facts {
 		f := good
 		f.openAPI = editSchema(t, good.openAPI, edit)
 		return f
@@ -70,13 +104,13 @@ func TestCRDProblems(t *testing.T) {
 	}
 	tests := []struct {
 		name  string
-		facts crdFacts
+		facts facts
 		want  []string // one substring per problem; none for a fitting CRD
 	}{
 		{name: "crd.yaml", facts: good},
 		{name: "the article's CRD", facts: article, want: []string{"no status subresource", "no status.conditions"}},
-		{name: "not installed", facts: crdFacts{}, want: []string{"is not served"}},
-		{name: "another resource in the group", facts: crdFacts{resources: &metav1.APIResourceList{APIResources: []metav1.APIResource{{Name: "other"}}}},
+		{name: "not installed", facts: facts{}, want: []string{"is not served"}},
+		{name: "another resource in the group", facts: facts{resources: &metav1.APIResourceList{APIResources: []metav1.APIResource{{Name: "other"}}}},
 			want: []string{"resource uuid is not served"}},
 		{name: "status without patch", facts: noPatch, want: []string{"does not accept patch"}},
 		{name: "state enum without Error", facts: withSchema(func(st map[string]any) {
@@ -99,14 +133,14 @@ func TestCRDProblems(t *testing.T) {
 		}), want: []string{"status.message maxLength 100"}},
 		{name: "status a string", facts: withSchema(func(st map[string]any) { st["type"] = "string" }),
 			want: []string{"status has type string"}},
-		{name: "unreadable document", facts: crdFacts{resources: good.resources, openAPI: []byte("<html>")},
+		{name: "unreadable document", facts: facts{resources: good.resources, openAPI: []byte("<html>")},
 			want: []string{"not readable"}},
-		{name: "no Uuid schema", facts: crdFacts{resources: good.resources, openAPI: []byte(`{"components":{"schemas":{}}}`)},
+		{name: "no Uuid schema", facts: facts{resources: good.resources, openAPI: []byte(`{"components":{"schemas":{}}}`)},
 			want: []string{"no schema for kind Uuid"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := crdProblems(tt.facts)
+			got := newTestChecker(nil).problemsOf(tt.facts)
 			if len(got) != len(tt.want) {
 				t.Fatalf("problems = %q, want %d matching %q", got, len(tt.want), tt.want)
 			}
@@ -121,9 +155,9 @@ func TestCRDProblems(t *testing.T) {
 
 // fakeFetch answers the checker's reads from a list of results, the last
 // repeated.
-func fakeFetch(results ...func() (crdFacts, error)) func(context.Context) (crdFacts, error) {
+func fakeFetch(results ...func() (facts, error)) func(context.Context) (facts, error) {
 	i := 0
-	return func(context.Context) (crdFacts, error) {
+	return func(context.Context) (facts, error) {
 		r := results[min(i, len(results)-1)]
 		i++
 		return r()
@@ -132,18 +166,17 @@ func fakeFetch(results ...func() (crdFacts, error)) func(context.Context) (crdFa
 
 func TestCRDCheckerReportsAndHeals(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	good, article := facts(t, "crd"), facts(t, "article-crd")
-	m := NewMetrics()
-	k := newCRDChecker(nil, m.CRDReady)
+	good, article := readFacts(t, "crd"), readFacts(t, "article-crd")
+	k := newTestChecker(nil)
 	k.fetch = fakeFetch(
-		func() (crdFacts, error) { return crdFacts{}, errors.New("connection refused") },
-		func() (crdFacts, error) { return article, nil },
-		func() (crdFacts, error) { return good, nil },
+		func() (facts, error) { return facts{}, errors.New("connection refused") },
+		func() (facts, error) { return article, nil },
+		func() (facts, error) { return good, nil },
 	)
 	heals := 0
-	k.onHeal = func(context.Context) { heals++ }
+	onHeal := func(context.Context) { heals++ }
 
-	k.check(ctx) // the apiserver cannot be reached
+	k.check(ctx, onHeal) // the apiserver cannot be reached
 	if err := k.Ready(); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Ready before any check = %v, want the reason", err)
 	}
@@ -151,105 +184,34 @@ func TestCRDCheckerReportsAndHeals(t *testing.T) {
 		t.Errorf("Blocked with nothing known = %v, want nil: writes go on and a 404 asks again", err)
 	}
 
-	k.check(ctx) // the article's CRD
+	k.check(ctx, onHeal) // the article's CRD
 	blocked := k.Blocked()
-	if !errors.Is(blocked, errCRDNotReady) || !strings.Contains(blocked.Error(), "kubectl apply -f crd.yaml") {
-		t.Errorf("Blocked on the article's CRD = %v, want errCRDNotReady naming the fix", blocked)
+	if !errors.Is(blocked, ErrNotReady) || !strings.Contains(blocked.Error(), "kubectl apply -f crd.yaml") {
+		t.Errorf("Blocked on the article's CRD = %v, want ErrNotReady naming the fix", blocked)
 	}
 	if err := k.Ready(); err == nil || err.Error() != blocked.Error() {
 		t.Errorf("Ready = %v, want %v", err, blocked)
 	}
-	if v := testutil.ToFloat64(m.CRDReady); v != 0 {
+	if v := testutil.ToFloat64(k.cfg.Ready); v != 0 {
 		t.Errorf("crd_ready = %v, want 0", v)
 	}
 
-	k.check(ctx) // crd.yaml applied
+	k.check(ctx, onHeal) // crd.yaml applied
 	if k.Ready() != nil || k.Blocked() != nil || heals != 1 {
 		t.Errorf("after the fix: Ready %v, Blocked %v, heals %d; want nil, nil, 1", k.Ready(), k.Blocked(), heals)
 	}
-	if v := testutil.ToFloat64(m.CRDReady); v != 1 {
+	if v := testutil.ToFloat64(k.cfg.Ready); v != 1 {
 		t.Errorf("crd_ready = %v, want 1", v)
 	}
-	k.check(ctx)
+	k.check(ctx, onHeal)
 	if heals != 1 {
 		t.Errorf("heals = %d after a second good check, want still 1", heals)
 	}
 }
 
-// While the CRD is known to be wrong nothing is written and nothing is
-// reported on the objects (no Error status that would 404 too, no Event
-// per object), however many attempts; the key stays queued with backoff,
-// and the fix queues it again at once.
-func TestWritesWaitForTheCRD(t *testing.T) {
-	f := newFixture(t, Options{ErrorAfter: 1}, newUUIDObject("default", "example", "5"))
-	k := newCRDChecker(nil, f.metrics.CRDReady)
-	k.fetch = fakeFetch(func() (crdFacts, error) { return facts(t, "article-crd"), nil })
-	f.ctrl.useCRDChecker(k)
-	k.check(f.ctx)
-
-	f.ctrl.queue.Add(key("default", "example"))
-	f.drive(3)
-	if ps := f.patches(); len(ps) != 0 {
-		t.Errorf("%d patches sent while the CRD is wrong, want 0", len(ps))
-	}
-	if ev := f.events(); len(ev) != 0 {
-		t.Errorf("events = %q, want none: the CRD problem is reported once, by the checker", ev)
-	}
-	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 3 {
-		t.Errorf("requeues = %d, want 3", n)
-	}
-	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
-		t.Errorf("dropped = %v", d)
-	}
-
-	k.fetch = fakeFetch(func() (crdFacts, error) { return facts(t, "crd"), nil })
-	k.check(f.ctx)
-	if n := f.ctrl.queue.Len(); n != 1 {
-		t.Fatalf("queue length after the fix = %d, want the object queued at once", n)
-	}
-	f.drive(1)
-	if ps := f.patches(); len(ps) != 1 {
-		t.Errorf("%d patches after the fix, want 1", len(ps))
-	}
-}
-
-// A 404 on the status write for an object the cache still holds is a
-// missing status subresource or a deletion not yet delivered: the key is
-// retried and a CRD check asked for; once the cache has lost the object
-// too, it is forgotten, never counted as a failure.
-func TestNotFoundOnPatchAsksForACheck(t *testing.T) {
-	obj := newUUIDObject("default", "example", "5")
-	f := newFixtureWithClient(t, newClient(t), Options{}, obj) // cached, but gone from the API
-	k := newCRDChecker(nil, f.metrics.CRDReady)
-	f.ctrl.useCRDChecker(k)
-	f.ctrl.queue.Add(key("default", "example"))
-	f.drive(1)
-	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 1 {
-		t.Errorf("requeues = %d, want 1: a 404 the cache cannot explain is retried", n)
-	}
-	select {
-	case <-k.trigger:
-	default:
-		t.Error("no CRD check asked for")
-	}
-	if err := f.indexer.Delete(toCached(obj)); err != nil {
-		t.Fatal(err)
-	}
-	f.drive(1)
-	if n := f.ctrl.queue.NumRequeues(key("default", "example")); n != 0 || f.ctrl.queue.Len() != 0 {
-		t.Errorf("requeues = %d, queue length %d once the object left the cache, want it forgotten", n, f.ctrl.queue.Len())
-	}
-	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("not_found")); got != 1 {
-		t.Errorf("not_found writes = %v, want 1", got)
-	}
-	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
-		t.Errorf("dropped = %v", d)
-	}
-}
-
-// fetchCRDFacts against an httptest apiserver serving the captures, or
+// fetchFacts against an httptest apiserver serving the captures, or
 // failing one of the two reads.
-func TestFetchCRDFacts(t *testing.T) {
+func TestFetchFacts(t *testing.T) {
 	disc, err := os.ReadFile("testdata/discovery-crd.json")
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +250,7 @@ func TestFetchCRDFacts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := fetchCRDFacts(t.Context(), dc)
+			got, err := newTestChecker(dc).fetchFacts(t.Context())
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want %q", err, tt.wantErr)
@@ -301,8 +263,8 @@ func TestFetchCRDFacts(t *testing.T) {
 			if (got.resources != nil) != tt.wantFacts || (len(got.openAPI) > 0) != tt.wantFacts {
 				t.Errorf("facts = %v, %d bytes; want them read: %v", got.resources, len(got.openAPI), tt.wantFacts)
 			}
-			if tt.wantFacts && len(crdProblems(got)) != 0 {
-				t.Errorf("problems = %q on the served crd.yaml", crdProblems(got))
+			if p := newTestChecker(dc).problemsOf(got); tt.wantFacts && len(p) != 0 {
+				t.Errorf("problems = %q on the served crd.yaml", p)
 			}
 		})
 	}
@@ -313,12 +275,12 @@ func TestFetchCRDFacts(t *testing.T) {
 func TestCRDCheckerRunChecksOnSuspect(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
-	k := newCRDChecker(nil, NewMetrics().CRDReady)
+	k := newTestChecker(nil)
 	checks := make(chan struct{}, 10)
-	good := facts(t, "crd")
-	k.fetch = func(context.Context) (crdFacts, error) { checks <- struct{}{}; return good, nil }
+	good := readFacts(t, "crd")
+	k.fetch = func(context.Context) (facts, error) { checks <- struct{}{}; return good, nil }
 	done := make(chan struct{})
-	go func() { defer close(done); k.Run(ctx) }()
+	go func() { defer close(done); k.Run(ctx, func(context.Context) {}) }()
 	waitCheck := func(what string) {
 		t.Helper()
 		select {
@@ -339,5 +301,96 @@ func TestCRDCheckerRunChecksOnSuspect(t *testing.T) {
 	}
 	if n := len(checks); n != 0 {
 		t.Errorf("%d more checks, want the two Suspect calls to make one", n)
+	}
+}
+
+// withoutKindSchema is doc with the Uuid schema taken out, as the document
+// of a group version reads just before a new CRD's schema is published.
+func withoutKindSchema(t *testing.T, doc []byte) []byte {
+	t.Helper()
+	var d map[string]any
+	if err := json.Unmarshal(doc, &d); err != nil {
+		t.Fatal(err)
+	}
+	delete(d["components"].(map[string]any)["schemas"].(map[string]any), "operator.demo.v1.Uuid")
+	b, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// notPublished is the document read's 404, as fetchFacts returns it.
+func notPublished() (facts, error) {
+	return facts{}, fmt.Errorf("reading /openapi/v3/apis/demo.operator/v1: %w",
+		apierrors.NewNotFound(schema.GroupResource{}, ""))
+}
+
+// errorLines are the error lines in logs.
+func errorLines(logs *testlog.Capture) []string {
+	var out []string
+	for _, e := range logs.Entries() {
+		if e.Type == ktesting.LogError {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// Quiet start: a CRD just created is served before its OpenAPI document
+// holds it (404, then a document without the kind). The check reads again
+// for a few seconds and reports only what it then finds: no error line.
+func TestCRDCheckQuietWhileUnpublished(t *testing.T) {
+	logger, logs := testlog.New(t, 0)
+	ctx := klog.NewContext(t.Context(), logger)
+	good := readFacts(t, "crd")
+	early := facts{resources: good.resources, openAPI: withoutKindSchema(t, good.openAPI)}
+	k := newTestChecker(nil)
+	k.fetch = fakeFetch(notPublished, notPublished,
+		func() (facts, error) { return early, nil },
+		func() (facts, error) { return good, nil })
+	k.check(ctx, func(context.Context) {})
+	if err := k.Ready(); err != nil {
+		t.Errorf("Ready = %v once the document is published, want nil", err)
+	}
+	if lines := errorLines(logs); len(lines) > 0 {
+		t.Errorf("logged %q for a CRD whose document was published within the grace", lines)
+	}
+}
+
+// Past the grace, a document still not published is reported exactly as
+// before: an unreadable document as a failed check, a document without the
+// kind as a CRD that does not fit.
+func TestCRDCheckReportsUnpublishedAfterGrace(t *testing.T) {
+	good := readFacts(t, "crd")
+	early := facts{resources: good.resources, openAPI: withoutKindSchema(t, good.openAPI)}
+	for _, tc := range []struct {
+		name      string
+		fetch     func() (facts, error)
+		wantLog   string
+		wantReady string
+	}{
+		{"404", notPublished, "Could not check the Uuid CRD, will retry", "has not been checked yet"},
+		{"no schema for the kind", func() (facts, error) { return early, nil }, "The installed Uuid CRD does not fit this controller", "has no schema for kind Uuid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logger, logs := testlog.New(t, 0)
+			ctx := klog.NewContext(t.Context(), logger)
+			k := newTestChecker(nil)
+			k.publishGrace = 300 * time.Millisecond
+			reads := 0
+			k.fetch = func(context.Context) (facts, error) { reads++; return tc.fetch() }
+			start := time.Now()
+			k.check(ctx, func(context.Context) {})
+			if took := time.Since(start); took < k.publishGrace || reads < 2 {
+				t.Errorf("check returned after %s and %d reads, want it to read again for %s", took, reads, k.publishGrace)
+			}
+			if lines := errorLines(logs); len(lines) != 1 || !strings.Contains(lines[0], tc.wantLog) {
+				t.Errorf("error lines %q, want one: %q", lines, tc.wantLog)
+			}
+			if err := k.Ready(); err == nil || !strings.Contains(err.Error(), tc.wantReady) {
+				t.Errorf("Ready = %v, want it to say %q", err, tc.wantReady)
+			}
+		})
 	}
 }

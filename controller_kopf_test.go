@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -19,13 +18,16 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
+	"github.com/demo-operator/uuid-controller/internal/testlog"
 )
 
 // kopfObject is an object as kopf leaves it: its finalizer (after others'
 // given first), its annotation and a UUID; terminating when deleting.
 func kopfObject(name string, deleting bool, others ...string) *unstructured.Unstructured {
 	u := withStatus(newUUIDObject("default", name, "5"), map[string]any{"state": "Ok", "message": "Création de la ressource réussie", "uuid": testUUID})
-	u.SetFinalizers(append(others, kopfFinalizer))
+	u.SetFinalizers(append(others, kopf.Finalizer))
 	u.SetAnnotations(map[string]string{"kopf.zalando.org/last-handled-configuration": "{}\n"})
 	if deleting {
 		u.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
@@ -35,39 +37,37 @@ func kopfObject(name string, deleting bool, others ...string) *unstructured.Unst
 
 func TestCacheKeepsFinalizersOfTerminatingObjectsOnly(t *testing.T) {
 	live := toCached(kopfObject("live", false, "example.com/other"))
-	if live.Finalizers != nil || live.DeletionTimestamp != nil {
-		t.Errorf("live object cached with finalizers %v, deletionTimestamp %v", live.Finalizers, live.DeletionTimestamp)
+	if live.GetFinalizers() != nil || live.GetDeletionTimestamp() != nil {
+		t.Errorf("live object cached with finalizers %v, deletionTimestamp %v", live.GetFinalizers(), live.GetDeletionTimestamp())
 	}
 	deleting := toCached(kopfObject("deleting", true, "example.com/other"))
-	if want := []string{"example.com/other", kopfFinalizer}; !slices.Equal(deleting.Finalizers, want) || deleting.DeletionTimestamp == nil {
-		t.Errorf("terminating object cached with finalizers %v, deletionTimestamp %v; want %v and set", deleting.Finalizers, deleting.DeletionTimestamp, want)
+	if want := []string{"example.com/other", kopf.Finalizer}; !slices.Equal(deleting.GetFinalizers(), want) || deleting.GetDeletionTimestamp() == nil {
+		t.Errorf("terminating object cached with finalizers %v, deletionTimestamp %v; want %v and set", deleting.GetFinalizers(), deleting.GetDeletionTimestamp(), want)
 	}
 }
 
 func TestNeedsWork(t *testing.T) {
 	tests := []struct {
-		name  string
-		obj   *unstructured.Unstructured
-		optIn bool
-		want  bool
+		name string
+		obj  *unstructured.Unstructured
+		want bool
 	}{
 		{name: "no UUID", obj: newUUIDObject("default", "new", "1"), want: true},
-		{name: "kopf's, live, opt-in", obj: kopfObject("live", false), optIn: true},
-		{name: "kopf's, deleting, opt-in", obj: kopfObject("deleting", true), optIn: true, want: true},
-		{name: "kopf's, deleting, no opt-in", obj: kopfObject("deleting", true)},
-		{name: "deleting, another finalizer only, opt-in", obj: func() *unstructured.Unstructured {
+		{name: "kopf's, live", obj: kopfObject("live", false)},
+		{name: "kopf's, deleting", obj: kopfObject("deleting", true), want: true},
+		{name: "deleting, another finalizer only", obj: func() *unstructured.Unstructured {
 			u := kopfObject("other", true)
 			u.SetFinalizers([]string{"example.com/other"})
 			return u
-		}(), optIn: true},
+		}()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, Options{RemoveKopfFinalizer: tt.optIn})
-			logger, _ := ktesting.NewTestContext(t)
-			if got := f.ctrl.needsWork(logger, toCached(tt.obj)); got != tt.want {
+			if got := needsWork(toCached(tt.obj)); got != tt.want {
 				t.Errorf("needsWork = %v, want %v", got, tt.want)
 			}
+			f := newFixture(t, Options{})
+			logger, _ := ktesting.NewTestContext(t)
 			f.ctrl.enqueue(logger, toCached(tt.obj))
 			if n := f.ctrl.queue.Len(); n != map[bool]int{false: 0, true: 1}[tt.want] {
 				t.Errorf("queued %d, want needsWork's answer", n)
@@ -76,35 +76,23 @@ func TestNeedsWork(t *testing.T) {
 	}
 }
 
-func TestNeedsWorkLogsTheFixWithoutOptIn(t *testing.T) {
-	f := newFixture(t, Options{})
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
-	underlier, ok := logger.GetSink().(ktesting.Underlier)
-	if !ok {
-		t.Fatal("ktesting logger has no buffer")
+// Without the opt-in, an object held by kopf's finalizer is logged with the
+// fix and where it is explained, at -v=0, and nothing is written to it.
+func TestKopfHeldObjectLogsTheFixWithoutOptIn(t *testing.T) {
+	f := newFixture(t, Options{}, kopfObject("stuck", true))
+	logger, logs := testlog.New(t, 0)
+	if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "stuck")); err != nil {
+		t.Fatal(err)
 	}
-	f.ctrl.needsWork(logger, toCached(kopfObject("stuck", true)))
-	if out := underlier.GetBuffer().String(); !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, "default/stuck") {
+	out := logs.String()
+	if !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, "default/stuck") {
 		t.Errorf("log does not name the object and the flag:\n%s", out)
 	}
-}
-
-func TestKopfFinalizerPatch(t *testing.T) {
-	b, err := kopfFinalizerPatch(1)
-	if err != nil {
-		t.Fatal(err)
+	if !strings.Contains(out, "docs/migrating-from-kopf.md") {
+		t.Errorf("log does not point at docs/migrating-from-kopf.md:\n%s", out)
 	}
-	var ops []map[string]any
-	if err := json.Unmarshal(b, &ops); err != nil {
-		t.Fatal(err)
-	}
-	want := []map[string]any{
-		{"op": "test", "path": "/metadata/finalizers/1", "value": kopfFinalizer},
-		{"op": "remove", "path": "/metadata/finalizers/1"},
-	}
-	if len(ops) != 2 || ops[0]["op"] != want[0]["op"] || ops[0]["path"] != want[0]["path"] || ops[0]["value"] != want[0]["value"] ||
-		ops[1]["op"] != want[1]["op"] || ops[1]["path"] != want[1]["path"] || len(ops[1]) != 2 {
-		t.Errorf("patch = %s, want test then remove of index 1", b)
+	if ps := f.patches(); len(ps) != 0 {
+		t.Errorf("%d patches sent without the opt-in, want 0", len(ps))
 	}
 }
 
@@ -115,7 +103,7 @@ func failedTest() error {
 		"testing value /metadata/finalizers/1 failed: test failed", 0, false)
 }
 
-func TestReleaseKopfFinalizer(t *testing.T) {
+func TestRemoveKopfFinalizer(t *testing.T) {
 	tests := []struct {
 		name       string
 		apiErr     error
@@ -162,8 +150,8 @@ func TestReleaseKopfFinalizer(t *testing.T) {
 	}
 }
 
-// A removal is per object, like an assignment: nothing at -v=0 (README:
-// Logs), the line at -v=2.
+// A removal is per object, like an assignment: nothing at -v=0
+// (docs/design.md#logs), the line at -v=2.
 func TestKopfFinalizerRemovalLogsAtV2(t *testing.T) {
 	for _, tc := range []struct {
 		verbosity int
@@ -174,18 +162,14 @@ func TestKopfFinalizerRemovalLogsAtV2(t *testing.T) {
 	} {
 		obj := kopfObject("deleting", true)
 		f := newFixture(t, Options{RemoveKopfFinalizer: true}, obj)
-		logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(tc.verbosity), ktesting.BufferLogs(true)))
+		logger, logs := testlog.New(t, tc.verbosity)
 		if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "deleting")); err != nil {
 			t.Fatal(err)
 		}
 		if got := testutil.ToFloat64(f.metrics.KopfFinalizersRemoved); got != 1 {
 			t.Fatalf("kopf_finalizers_removed_total = %v, want 1", got)
 		}
-		var lines []string
-		for _, e := range logger.GetSink().(ktesting.Underlier).GetBuffer().Data() {
-			lines = append(lines, e.Message)
-		}
-		if !slices.Equal(lines, tc.want) {
+		if lines := logs.Messages(); !slices.Equal(lines, tc.want) {
 			t.Errorf("-v=%d log lines for one removal: %q, want %q", tc.verbosity, lines, tc.want)
 		}
 	}

@@ -1,0 +1,41 @@
+// Package httpserver serves the controller's HTTP endpoints (health and
+// metrics) with the limits any server reachable from every Pod needs:
+// timeouts for each phase of a connection, a cap on header bytes, and caps
+// on the connections one client address, and all clients, may hold.
+package httpserver
+
+import "time"
+
+// The limits, chosen for the two kinds of legitimate client: the kubelet's
+// probes (a new connection per probe, 1 s timeout, from the node's address)
+// and a Prometheus scrape every 15-30 s (one connection kept alive, a
+// bearer token, a 10 s scrape timeout). docs/security.md says why each.
+const (
+	// ReadHeaderTimeout bounds the TLS handshake and the request's headers:
+	// a client that never finishes them is dropped after 5 s.
+	ReadHeaderTimeout = 5 * time.Second
+	// ReadTimeout bounds reading the whole request; the endpoints take no
+	// body, so it only adds a bound for one sent very slowly.
+	ReadTimeout = 10 * time.Second
+	// WriteTimeout bounds the handler and the answer: the metrics
+	// handler's reviews time out after 10 s, so 30 s leaves room for them
+	// and for a slow reader, and then the connection goes.
+	WriteTimeout = 30 * time.Second
+	// IdleTimeout closes a kept-alive connection with no new request:
+	// longer than a 30 s scrape interval (plus jitter), so Prometheus'
+	// connection is reused, and short enough that idle ones go.
+	IdleTimeout = 45 * time.Second
+	// MaxHeaderBytes caps the request headers: a bearer token is 1-2 KiB
+	// (a ServiceAccount's) and rarely above 8 KiB (OIDC); net/http's 1 MiB
+	// default would let each connection buffer 64 times more.
+	MaxHeaderBytes = 16 << 10
+	// MaxConnsPerClient caps the connections one client address holds at
+	// once; more are closed as they are accepted. Probes and scrapes need a
+	// few each, and several clients may share an address behind a NAT.
+	MaxConnsPerClient = 32
+	// MaxConns caps the connections a server holds from all clients: at
+	// about 20 KiB each (buffers, goroutine, TLS state), 1,024 take about
+	// 20 MiB. Once full, new connections wait in the kernel's backlog until
+	// one closes rather than growing memory.
+	MaxConns = 1024
+)

@@ -1,0 +1,96 @@
+package httpserver
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/net/netutil"
+	"k8s.io/klog/v2"
+)
+
+// Serve listens on addr and serves h, over TLS when tlsConfig is not nil,
+// with this package's limits, until ctx is cancelled; then it waits up to
+// 5 s for requests in flight. Listening happens before Serve returns, so a
+// port that is taken is a start-up error, not a log line later. wait
+// returns once the server has stopped.
+func Serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http.Handler) (wait func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for %s on %q: %w", name, addr, err)
+	}
+	return serveOn(ctx, name, ln, tlsConfig, h, defaultTimeouts), nil
+}
+
+// timeouts are the http.Server's; tests shorten them.
+type timeouts struct{ readHeader, read, write, idle time.Duration }
+
+var defaultTimeouts = timeouts{ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout}
+
+// serveOn is Serve on a listener of the caller's.
+func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.Config, h http.Handler, to timeouts) (wait func()) {
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "server", name)
+	sampled := NewSampled()
+	go sampled.Run(ctx, func(unlogged map[string]int) {
+		logger.Info("Refused connections or failed requests, not logged one by one", "counts", unlogged)
+	})
+	// The per-client cap comes first, so a connection over it costs no
+	// TLS handshake and takes no slot of the total.
+	ln = netutil.LimitListener(LimitPerClient(ln, MaxConnsPerClient, func(ip string) {
+		sampled.Do("over_client_cap", func(unlogged map[string]int) {
+			logger.Info("Closed a connection over the per-client cap", "client", ip, "max", MaxConnsPerClient, "notLogged", unlogged)
+		})
+	}), MaxConns)
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: to.readHeader, // also bounds the TLS handshake
+		ReadTimeout:       to.read,
+		WriteTimeout:      to.write,
+		IdleTimeout:       to.idle,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		// Handlers log with ctx's logger; a request is not cancelled by
+		// shutdown, which waits for it instead.
+		BaseContext: func(net.Listener) context.Context { return klog.NewContext(context.WithoutCancel(ctx), logger) },
+		// net/http's own errors (a failed TLS handshake, say) are a
+		// client's doing, one per connection: sampled, never one line each.
+		ErrorLog: log.New(errorLog{logger, sampled}, "", 0),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		logger.Info("Serving", "addr", ln.Addr().String(), "tls", tlsConfig != nil)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "Server stopped")
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	return func() { <-done }
+}
+
+// errorLog writes net/http's error lines to the structured log, sampled.
+type errorLog struct {
+	logger  klog.Logger
+	sampled *Sampled
+}
+
+func (e errorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	e.sampled.Do("http_error", func(unlogged map[string]int) {
+		e.logger.Info("HTTP server error", "error", msg, "notLogged", unlogged)
+	})
+	return len(p), nil
+}

@@ -1,0 +1,208 @@
+package httpserver
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/testlog"
+)
+
+// startServer runs serveOn on a loopback port, with Serve's timeouts,
+// until the test ends and returns its address and log.
+func startServer(t *testing.T, tlsConfig *tls.Config) (string, *testlog.Capture) {
+	t.Helper()
+	return startServerWith(t, tlsConfig, defaultTimeouts, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+}
+
+func startServerWith(t *testing.T, tlsConfig *tls.Config, to timeouts, h http.HandlerFunc) (string, *testlog.Capture) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, logs := testlog.New(t, 0)
+	ctx := klog.NewContext(t.Context(), logger)
+	wait := serveOn(ctx, "test", ln, tlsConfig, h, to)
+	t.Cleanup(wait)
+	return ln.Addr().String(), logs
+}
+
+// matching counts the lines logged that hold s.
+func matching(logs *testlog.Capture, s string) int {
+	n := 0
+	for _, e := range logs.Entries() {
+		if strings.Contains(e.Message+fmt.Sprint(e.ParameterKVList...), s) {
+			n++
+		}
+	}
+	return n
+}
+
+// logged waits up to 5 s for a line holding s (net/http logs an error
+// just after its answer) and returns how many lines hold it.
+func logged(t *testing.T, logs *testlog.Capture, s string) int {
+	t.Helper()
+	_ = wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return matching(logs, s) > 0, nil
+	})
+	return matching(logs, s)
+}
+
+// get sends GET / with extra headers on a new connection from ip and
+// returns the connection (left open) and the status code, 0 when the
+// server closed the connection without an answer.
+func get(t *testing.T, ip, addr string, header string) (net.Conn, int) {
+	t.Helper()
+	c := dialFrom(t, ip, addr)
+	if c == nil {
+		return nil, 0
+	}
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: test\r\n%s\r\n", header); err != nil {
+		return c, 0
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return c, 0
+	}
+	resp.Body.Close()
+	return c, resp.StatusCode
+}
+
+// TestServeCapsHeaders: a request whose headers pass MaxHeaderBytes is
+// refused with 431; one just under it is served.
+func TestServeCapsHeaders(t *testing.T) {
+	addr, _ := startServer(t, nil)
+	if _, code := get(t, "127.0.0.1", addr, "X-Pad: "+strings.Repeat("a", MaxHeaderBytes/2)+"\r\n"); code != http.StatusOK {
+		t.Errorf("headers of %d bytes: %d, want 200", MaxHeaderBytes/2, code)
+	}
+	if _, code := get(t, "127.0.0.1", addr, "X-Pad: "+strings.Repeat("a", 2*MaxHeaderBytes)+"\r\n"); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("headers of %d bytes: %d, want 431", 2*MaxHeaderBytes, code)
+	}
+}
+
+// TestServeCapsClient: one address gets MaxConnsPerClient kept-alive
+// connections answered; the ones over the cap are closed unanswered, and
+// logged at a bounded rate, while another address is still served.
+func TestServeCapsClient(t *testing.T) {
+	addr, logs := startServer(t, nil)
+	answered, closed := 0, 0
+	for range MaxConnsPerClient + 10 {
+		if _, code := get(t, "127.0.0.2", addr, ""); code == http.StatusOK {
+			answered++
+		} else {
+			closed++
+		}
+	}
+	if answered != MaxConnsPerClient || closed != 10 {
+		t.Errorf("of %d connections from one address, %d answered and %d closed; want %d and 10", MaxConnsPerClient+10, answered, closed, MaxConnsPerClient)
+	}
+	if _, code := get(t, "127.0.0.3", addr, ""); code != http.StatusOK {
+		t.Errorf("another address: %d, want 200", code)
+	}
+	if n := logged(t, logs, "over the per-client cap"); n < 1 || n > 3 {
+		t.Errorf("%d log lines about the 10 connections over the cap, want 1 to 3 (sampled)", n)
+	}
+}
+
+// TestServeSamplesErrors: net/http's error per failed TLS handshake (here
+// plain HTTP to the TLS port, 20 times) is logged at most 3 times at once.
+func TestServeSamplesErrors(t *testing.T) {
+	cert := httptest.NewTLSServer(http.NotFoundHandler())
+	cert.Close()
+	addr, logs := startServer(t, &tls.Config{Certificates: cert.TLS.Certificates})
+	for range 20 {
+		if _, code := get(t, "127.0.0.1", addr, ""); code != http.StatusBadRequest {
+			t.Fatalf("plain HTTP to the TLS port: %d, want 400", code)
+		}
+	}
+	if n := logged(t, logs, "TLS handshake error"); n < 1 || n > 3 {
+		t.Errorf("%d log lines for 20 failed handshakes, want 1 to 3", n)
+	}
+}
+
+// TestServeCapsTotal: with MaxConns connections held (MaxConnsPerClient
+// from each of enough addresses), one more from a new address waits
+// unanswered, not refused, and is answered once one of them closes.
+func TestServeCapsTotal(t *testing.T) {
+	addr, _ := startServer(t, nil)
+	var held []net.Conn
+	for i := range MaxConns {
+		ip := fmt.Sprintf("127.0.%d.%d", 1+i/MaxConnsPerClient/250, 1+(i/MaxConnsPerClient)%250)
+		c, code := get(t, ip, addr, "")
+		if code != http.StatusOK {
+			t.Fatalf("connection %d of %d (from %s): %d, want 200", i+1, MaxConns, ip, code)
+		}
+		held = append(held, c)
+	}
+	answered := make(chan int, 1)
+	go func() {
+		_, code := get(t, "127.0.9.9", addr, "")
+		answered <- code
+	}()
+	select {
+	case code := <-answered:
+		t.Fatalf("with %d connections held, one more was answered at once (%d), want it to wait", MaxConns, code)
+	case <-time.After(300 * time.Millisecond): // waiting, as it should
+	}
+	held[0].Close()
+	select {
+	case code := <-answered:
+		if code != http.StatusOK {
+			t.Errorf("once a slot freed, the waiting connection got %d, want 200", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("once a slot freed, the waiting connection was still not answered after 5 s")
+	}
+}
+
+// TestServeTimeouts: the server closes a connection whose headers never
+// end, one kept alive with no new request, and one whose handler outlasts
+// the write timeout (with no answer), each after its timeout (shortened
+// here to 200 ms; handlers take 0 or 1 s).
+func TestServeTimeouts(t *testing.T) {
+	short := 200 * time.Millisecond
+	addr, _ := startServerWith(t, nil, timeouts{readHeader: short, read: short, write: short, idle: short},
+		func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				time.Sleep(time.Second) // a handler slower than the write timeout
+			}
+			fmt.Fprintln(w, "ok")
+		})
+	closedWithin := func(c net.Conn, what string) {
+		t.Helper()
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(c); err != nil {
+			t.Errorf("%s: %v, want the server to close the connection", what, err)
+		}
+	}
+
+	partial := dialFrom(t, "127.0.0.1", addr)
+	fmt.Fprint(partial, "GET / HTTP/1.1\r\nHost: test\r\n") // no blank line: the headers never end
+	closedWithin(partial, "headers that never end")
+
+	idle, code := get(t, "127.0.0.1", addr, "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /: %d, want 200", code)
+	}
+	closedWithin(idle, "a kept-alive connection left idle")
+
+	slow := dialFrom(t, "127.0.0.1", addr)
+	fmt.Fprint(slow, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n")
+	if _, err := http.ReadResponse(bufio.NewReader(slow), nil); err == nil {
+		t.Error("a handler slower than the write timeout: its answer arrived, want the connection closed without one")
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
+)
+
+// kopfPolicy makes the kopf migration fail closed. Removing kopf's
+// finalizer needs patch on the objects themselves, a grant only the
+// admission policy narrows; so with --remove-kopf-finalizer no finalizer
+// is removed until a dry run the policy must deny has been denied
+// (kopf.Probe): at start, and before the next removal after one failed.
+// While a probe is allowed, /readyz and uuid_controller_kopf_policy_bound
+// say so, the error is logged once, and the probe is repeated every few
+// seconds.
+type kopfPolicy struct {
+	// probe runs kopf.Probe on one object; a field so unit tests can
+	// replace the apiserver's admission.
+	probe func(ctx context.Context, namespace, name string) error
+	// bound is the uuid_controller_kopf_policy_bound gauge.
+	bound prometheus.Gauge
+	// reprobe is how often a missing policy is probed again; a field so
+	// tests can shorten it.
+	reprobe time.Duration
+
+	mu      sync.Mutex
+	proven  bool // a probe was denied, and no removal has failed since
+	missing bool // the last probe was allowed
+}
+
+func newKopfPolicy(client dynamic.NamespaceableResourceInterface, bound prometheus.Gauge) *kopfPolicy {
+	return &kopfPolicy{
+		probe: func(ctx context.Context, namespace, name string) error {
+			return kopf.Probe(ctx, client.Namespace(namespace), name, FieldManager)
+		},
+		bound:   bound,
+		reprobe: policyReprobe,
+	}
+}
+
+// policyReprobe is how often, while the policy is missing, it is probed
+// again: applying it makes the controller ready within this long even
+// when no removal is waiting (the apiserver enforces a new policy about a
+// second after it is created, which a controller started in the same
+// apply can beat).
+const policyReprobe = 5 * time.Second
+
+// prove returns nil once the policy is proven to bind the controller, else
+// probes it on the object namespace/name and returns why it is not.
+func (p *kopfPolicy) prove(ctx context.Context, namespace, name string) error {
+	p.mu.Lock()
+	proven := p.proven
+	p.mu.Unlock()
+	if proven {
+		return nil
+	}
+	err := p.probe(ctx, namespace, name)
+	p.record(ctx, err)
+	return err
+}
+
+// record keeps a probe's result and reports a change.
+func (p *kopfPolicy) record(ctx context.Context, err error) {
+	logger := klog.FromContext(ctx)
+	missing := errors.Is(err, kopf.ErrPolicyMissing)
+	p.mu.Lock()
+	wasMissing, wasProven := p.missing, p.proven
+	p.proven, p.missing = err == nil, missing
+	p.mu.Unlock()
+	switch {
+	case err == nil:
+		p.bound.Set(1)
+		if !wasProven {
+			logger.Info("The admission policy binds this controller; removing kopf's finalizer from objects being deleted", "policy", kopf.PolicyName)
+		}
+	case missing:
+		p.bound.Set(0)
+		if !wasMissing {
+			logger.Error(err, "Removing no kopf finalizer until the admission policy binds this controller", "policy", kopf.PolicyName)
+		}
+	}
+	// Any other error proves nothing either way: what was known stands,
+	// and the caller reports the error.
+}
+
+// forget makes the next removal prove the policy again: one just failed,
+// and the policy may be why.
+func (p *kopfPolicy) forget() {
+	p.mu.Lock()
+	p.proven = false
+	p.mu.Unlock()
+}
+
+// Ready is the policy's part of /readyz: an error while the last probe
+// was allowed.
+func (p *kopfPolicy) Ready() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.missing {
+		return kopf.ErrPolicyMissing
+	}
+	return nil
+}
+
+// proveAtStart probes the policy on any cached object, so a missing policy
+// shows at start rather than at the first deletion. With no object there
+// is nothing to remove yet; the first removal probes.
+func (p *kopfPolicy) proveAtStart(ctx context.Context, objs []any) {
+	for _, o := range objs {
+		u, ok := o.(*cachedUUID)
+		if !ok {
+			continue
+		}
+		if err := p.prove(ctx, u.GetNamespace(), u.GetName()); err != nil && !errors.Is(err, kopf.ErrPolicyMissing) {
+			klog.FromContext(ctx).Error(err, "Could not prove the admission policy binds this controller; the next finalizer removal tries again", "policy", kopf.PolicyName)
+		}
+		return
+	}
+}
+
+// reprobeWhileMissing probes again every p.reprobe while the last probe
+// was allowed, until ctx is cancelled.
+func (p *kopfPolicy) reprobeWhileMissing(ctx context.Context, list func() []any) {
+	t := time.NewTicker(p.reprobe)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.Ready() != nil {
+			p.proveAtStart(ctx, list())
+		}
+	}
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestAssignmentLatencyFromCreation: an assignment observes the seconds
+// since the object's creationTimestamp, once.
+func TestAssignmentLatencyFromCreation(t *testing.T) {
+	obj := newUUIDObject("default", "example", "1")
+	created := time.Now().Add(-42 * time.Second)
+	obj.SetCreationTimestamp(metav1.NewTime(created))
+	f := newFixture(t, Options{}, obj)
+	f.ctrl.queue.Add(key("default", "example"))
+	f.drive(1)
+	h := &dto.Metric{}
+	if err := f.metrics.AssignmentLatency.Write(h); err != nil {
+		t.Fatal(err)
+	}
+	// creationTimestamp keeps whole seconds, so the wait seen is 42 s
+	// plus the fraction the timestamp lost (and the test's own time).
+	upper := time.Since(created.Truncate(time.Second)).Seconds()
+	if n, sum := h.GetHistogram().GetSampleCount(), h.GetHistogram().GetSampleSum(); n != 1 || sum < 42 || sum > upper {
+		t.Errorf("latency histogram: %d observations summing %.3f s, want 1 of 42 to %.3f s", n, sum, upper)
+	}
+}
+
+// TestKopfFinalizerWaitingGauge counts the cached objects being deleted
+// that still carry kopf's finalizer, and nothing else.
+func TestKopfFinalizerWaitingGauge(t *testing.T) {
+	other := kopfObject("other", true)
+	other.SetFinalizers([]string{"example.com/other"})
+	f := newFixture(t, Options{}, kopfObject("held-1", true), kopfObject("held-2", true, "example.com/other"),
+		kopfObject("live", false), other, newUUIDObject("default", "new", "1"))
+	families, err := f.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []float64
+	for _, mf := range families {
+		if mf.GetName() == "uuid_controller_kopf_finalizer_waiting_objects" {
+			for _, m := range mf.GetMetric() {
+				got = append(got, m.GetGauge().GetValue())
+			}
+		}
+	}
+	if len(got) != 1 || got[0] != 2 {
+		t.Errorf("uuid_controller_kopf_finalizer_waiting_objects = %v, want [2]", got)
+	}
+}

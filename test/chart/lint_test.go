@@ -1,0 +1,76 @@
+package chart
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestChartLint: `helm lint --strict` passes with default values and with
+// the kopf migration on.
+func TestChartLint(t *testing.T) {
+	for _, set := range [][]string{nil, {"--set", "kopfMigration.enabled=true"}} {
+		out, errOut, err := run(t, "helm", append([]string{"lint", "--strict", chartDir}, set...)...)
+		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+			t.Errorf("helm lint --strict %v: %v\n%s%s", set, err, out, errOut)
+		}
+	}
+}
+
+// TestChartRefusesBadValues: a wrong value fails `helm template` (as it
+// fails `helm install`, before anything reaches the cluster) with a
+// message naming the value and what it must be.
+func TestChartRefusesBadValues(t *testing.T) {
+	tests := []struct {
+		name string
+		set  []string // --set or --set-string arguments
+		want []string // in the error, each
+	}{
+		{"replicas not a number", []string{"--set-string", "replicas=two"},
+			[]string{"/replicas", "got string, want integer"}},
+		{"no replicas", []string{"--set", "replicas=0"},
+			[]string{"/replicas", "minimum"}},
+		{"unknown pull policy", []string{"--set", "image.pullPolicy=Sometimes"},
+			[]string{"/image/pullPolicy", "Always", "IfNotPresent", "Never"}},
+		{"digest without its algorithm", []string{"--set", "image.digest=0123abcd"},
+			[]string{"/image/digest", "does not match pattern"}},
+		{"tag in the repository", []string{"--set", "image.repository=uuid-controller:v1"},
+			[]string{"/image/repository", "does not match pattern"}},
+		{"misspelt top-level value", []string{"--set", "replica=3"},
+			[]string{"additional properties 'replica' not allowed"}},
+		{"misspelt nested value", []string{"--set", "metrics.secured=false"},
+			[]string{"/metrics", "additional properties 'secured' not allowed"}},
+		{"verbosity below 0", []string{"--set", "logVerbosity=-1"},
+			[]string{"/logVerbosity", "minimum"}},
+		{"metrics port out of range", []string{"--set", "metrics.port=70000"},
+			[]string{"/metrics/port", "maximum"}},
+		{"metrics port on the health port", []string{"--set", "metrics.port=8080"},
+			[]string{"metrics.port: 8080 is the health port"}},
+		{"memory limit not a quantity", []string{"--set", "resources.limits.memory=lots"},
+			[]string{"/resources/limits/memory", "does not match pattern"}},
+		{"extra arg not a flag", []string{"--set", "extraArgs={workers=32}"},
+			[]string{"/extraArgs/0", "does not match pattern"}},
+		{"kopf migration not a boolean", []string{"--set-string", "kopfMigration.enabled=yes"},
+			[]string{"/kopfMigration/enabled", "got string, want boolean"}},
+		{"namespace not a DNS label", []string{"--set", "namespace.name=Team_A"},
+			[]string{"/namespace/name", "does not match pattern"}},
+		{"spread constraint without topologyKey", []string{"--set", "topologySpreadConstraints[0].maxSkew=1", "--set", "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule"},
+			[]string{"/topologySpreadConstraints/0", "missing property 'topologyKey'"}},
+		{"metrics namespace not a DNS label", []string{"--set", "networkPolicy.metricsNamespace=Monitoring"},
+			[]string{"/networkPolicy/metricsNamespace", "does not match pattern"}},
+		{"two replicas without leader election", []string{"--set", "leaderElection.enabled=false"},
+			[]string{"replicas: 2 needs leaderElection.enabled: true"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errOut, err := run(t, "helm", append([]string{"template", "uuid-controller", chartDir}, tt.set...)...)
+			if err == nil {
+				t.Fatalf("helm template %v succeeded, want an error", tt.set)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("helm template %v: error does not say %q:\n%s", tt.set, w, errOut)
+				}
+			}
+		})
+	}
+}
