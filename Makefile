@@ -73,10 +73,13 @@ install:
 KUBECTL ?= kubectl
 .PHONY: manifests build-installer
 
-## manifests: refresh the copies of crd.yaml: deploy/crd.yaml (the kustomization's) and the Helm chart's
+## manifests: refresh the copies the kustomization and the Helm chart hold: crd.yaml in each,
+##            and the chart's alerts and dashboard from deploy/monitoring
 manifests:
 	cp crd.yaml deploy/crd.yaml
 	cp crd.yaml charts/uuid-controller/crds/uuid.demo.operator.yaml
+	cp deploy/monitoring/prometheus/rules.yaml charts/uuid-controller/files/prometheus-rules.yaml
+	cp deploy/monitoring/dashboard.json charts/uuid-controller/files/dashboard.json
 
 ## deploy: kubectl apply -k deploy/ (CRD, namespace, RBAC, Deployment, PDB) with the image $(IMG)
 deploy: manifests
@@ -245,7 +248,8 @@ $(BIN_DIR)/prometheus: $(PROM_MOD)
 monitoring-test:
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
 
-## monitoring-rules: regenerate deploy/monitoring/prometheusrule.yaml's groups from prometheus/rules.yaml
-monitoring-rules:
+## monitoring-rules: regenerate deploy/monitoring/prometheusrule.yaml's groups from prometheus/rules.yaml,
+##                   and the chart's copies (make manifests)
+monitoring-rules: manifests
 	{ sed '/^spec:$$/q' $(MONITORING)/prometheusrule.yaml; grep -v '^#' $(MONITORING)/prometheus/rules.yaml | sed 's/^\(.\)/  \1/'; } > $(MONITORING)/prometheusrule.yaml.tmp
 	mv $(MONITORING)/prometheusrule.yaml.tmp $(MONITORING)/prometheusrule.yaml

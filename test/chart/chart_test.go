@@ -103,6 +103,25 @@ func deployWithKopfMigration(t *testing.T, ns string) string {
 // TestChartNetworkPolicyMatchesComponent: networkPolicy.enabled renders
 // what deploy/ with the component deploy/components/networkpolicy does.
 func TestChartNetworkPolicyMatchesComponent(t *testing.T) {
+	for _, p := range compare(render(t, "--set", "networkPolicy.enabled=true"), kustomize(t, withComponent(t, "deploy/components/networkpolicy")), "deploy/ with the networkpolicy component") {
+		t.Error(p)
+	}
+}
+
+// TestChartMonitoringMatchesComponent: monitoring.enabled renders what
+// deploy/ with the component deploy/monitoring does: the Service, the
+// scraper, the ServiceMonitor, the alerts, the dashboard and the
+// certificate mounted into the Deployment.
+func TestChartMonitoringMatchesComponent(t *testing.T) {
+	for _, p := range compare(render(t, "--set", "monitoring.enabled=true"), kustomize(t, withComponent(t, "deploy/monitoring")), "deploy/ with the monitoring component") {
+		t.Error(p)
+	}
+}
+
+// withComponent is an overlay of deploy/ with one component, as a user
+// writes it.
+func withComponent(t *testing.T, component string) string {
+	t.Helper()
 	root := repoRoot(t)
 	overlay := t.TempDir()
 	rel := func(p string) string {
@@ -113,13 +132,11 @@ func TestChartNetworkPolicyMatchesComponent(t *testing.T) {
 		return r
 	}
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n",
-		rel("deploy"), rel("deploy/components/networkpolicy"))
+		rel("deploy"), rel(component))
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range compare(render(t, "--set", "networkPolicy.enabled=true"), kustomize(t, overlay), "deploy/ with the networkpolicy component") {
-		t.Error(p)
-	}
+	return overlay
 }
 
 // TestChartValues: values change the objects the way values.yaml says.
@@ -174,6 +191,34 @@ func TestChartValues(t *testing.T) {
 			}
 			if got := args(t, deployment(t, objs)); slices.Contains(got, "--leader-elect") {
 				t.Errorf("args %q", got)
+			}
+		},
+	}, {
+		name: "monitoring without a certificate Secret",
+		set:  []string{"monitoring.enabled=true", "monitoring.insecureSkipVerify=true", "monitoring.interval=15s", "namespace.name=team-a"},
+		check: func(t *testing.T, objs map[string]*unstructured.Unstructured) {
+			sm, ok := objs["monitoring.coreos.com/v1 ServiceMonitor team-a/uuid-controller"]
+			if !ok {
+				t.Fatal("no ServiceMonitor team-a/uuid-controller")
+			}
+			eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+			if len(eps) != 1 {
+				t.Fatalf("%d endpoints, want 1", len(eps))
+			}
+			ep := eps[0].(map[string]any)
+			if tls := ep["tlsConfig"].(map[string]any); tls["insecureSkipVerify"] != true || tls["ca"] != nil || ep["interval"] != "15s" {
+				t.Errorf("endpoint %v", ep)
+			}
+			d := deployment(t, objs)
+			if got := args(t, d); slices.ContainsFunc(got, func(a string) bool { return strings.HasPrefix(a, "--metrics-cert-file") }) {
+				t.Errorf("args %q: a certificate with no Secret to hold it", got)
+			}
+			if v, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes"); v != nil {
+				t.Errorf("volumes %v", v)
+			}
+			if b := objs["rbac.authorization.k8s.io/v1 ClusterRoleBinding /uuid-controller-metrics-scraper"]; b == nil ||
+				b.Object["subjects"].([]any)[0].(map[string]any)["namespace"] != "team-a" {
+				t.Errorf("scraper binding %v, want its subject in team-a", b)
 			}
 		},
 	}, {

@@ -5,10 +5,10 @@ import (
 	"testing"
 )
 
-// TestChartLint: `helm lint --strict` passes with default values and with
-// the kopf migration on.
+// TestChartLint: `helm lint --strict` passes with default values, with
+// the kopf migration on, and with monitoring on.
 func TestChartLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"--set", "kopfMigration.enabled=true"}} {
+	for _, set := range [][]string{nil, {"--set", "kopfMigration.enabled=true"}, {"--set", "monitoring.enabled=true"}} {
 		out, errOut, err := run(t, "helm", append([]string{"lint", "--strict", chartDir}, set...)...)
 		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
 			t.Errorf("helm lint --strict %v: %v\n%s%s", set, err, out, errOut)
@@ -57,6 +57,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"/topologySpreadConstraints/0", "missing property 'topologyKey'"}},
 		{"metrics namespace not a DNS label", []string{"--set", "networkPolicy.metricsNamespace=Monitoring"},
 			[]string{"/networkPolicy/metricsNamespace", "does not match pattern"}},
+		{"scrape interval not a duration", []string{"--set-string", "monitoring.interval=30"},
+			[]string{"/monitoring/interval", "does not match pattern"}},
+		{"monitoring over plain HTTP", []string{"--set", "monitoring.enabled=true", "--set", "metrics.secure=false"},
+			[]string{"monitoring.enabled needs metrics.secure: true"}},
 		{"two replicas without leader election", []string{"--set", "leaderElection.enabled=false"},
 			[]string{"replicas: 2 needs leaderElection.enabled: true"}},
 	}

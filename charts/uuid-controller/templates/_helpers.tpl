@@ -47,6 +47,9 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if eq (int .Values.metrics.port) 8080 }}
 {{- fail "metrics.port: 8080 is the health port (/healthz, /readyz); choose another" }}
 {{- end }}
+{{- if and .Values.monitoring.enabled (not .Values.metrics.secure) }}
+{{- fail "monitoring.enabled needs metrics.secure: true (the ServiceMonitor scrapes HTTPS with a token)" }}
+{{- end }}
 {{- if and (not .Values.namespace.name) (not .Release.Namespace) }}
 {{- fail "namespace.name is empty and the release has no namespace" }}
 {{- end }}
