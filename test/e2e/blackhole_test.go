@@ -161,6 +161,5 @@ func TestBlackholedConnection(t *testing.T) {
 	for n, id := range before {
 		ids[n] = id
 	}
-	history.Stop()
-	history.checkOnce(t, ids)
+	history.checkOnce(ctx, t, ids)
 }

@@ -94,10 +94,7 @@ func TestSIGKILLMidBurst(t *testing.T) {
 
 	startController(ctx, t, ns)
 	want := waitUUIDs(ctx, t, ns, names, time.Minute)
-	// Let any write still in flight land before the history is read.
-	time.Sleep(2 * time.Second)
-	history.Stop()
-	history.checkOnce(t, want)
+	history.checkOnce(ctx, t, want)
 	if codes := auditedCodesNotOne200(t, ns); len(codes) > 0 {
 		t.Logf("status PATCH codes, for objects not written with exactly one 200: %v", codes)
 	}

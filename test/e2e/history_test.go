@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // uuidHistory records, from a watch on one namespace, every distinct
@@ -21,7 +25,7 @@ type uuidHistory struct {
 	done chan struct{}
 }
 
-// watchUUIDs starts recording ns; call stop before reading.
+// watchUUIDs starts recording ns; checkOnce reads it.
 func watchUUIDs(ctx context.Context, t *testing.T, ns string) *uuidHistory {
 	t.Helper()
 	w, err := uuids(ns).Watch(ctx, metav1.ListOptions{})
@@ -54,10 +58,29 @@ func (h *uuidHistory) Stop() {
 	<-h.done
 }
 
-// checkOnce fails the test unless each object in want was seen with exactly
-// one UUID, the one in want.
-func (h *uuidHistory) checkOnce(t *testing.T, want map[string]string) {
+// checkOnce waits up to 30 s for the watch to see each object in want with
+// its UUID (a watch can trail the reads that found them), stops it, and
+// fails the test unless each was seen with exactly one UUID, the one in want.
+func (h *uuidHistory) checkOnce(ctx context.Context, t *testing.T, want map[string]string) {
 	t.Helper()
+	err := framework.Poll(ctx, 30*time.Second, "the watch to see every UUID", func(context.Context) error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		behind := 0
+		for name, id := range want {
+			if ids := h.seen[name]; len(ids) == 0 || ids[len(ids)-1] != id {
+				behind++
+			}
+		}
+		if behind > 0 {
+			return fmt.Errorf("%d of %d objects not seen with their UUID yet", behind, len(want))
+		}
+		return nil
+	})
+	h.Stop()
+	if err != nil {
+		t.Error(err)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for name, id := range want {

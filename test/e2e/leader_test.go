@@ -262,6 +262,5 @@ func TestLeaseLossStopsWritesFirst(t *testing.T) {
 		t.Errorf("the old leader wrote %d times after the new leader's first write (last %s after it)", late, lastOld.Sub(firstNew))
 	}
 	// The precondition still keeps each object to one UUID ever.
-	history.Stop()
-	history.checkOnce(t, ids)
+	history.checkOnce(ctx, t, ids)
 }
