@@ -35,7 +35,8 @@ const (
 	MaxConnsPerClient = 32
 	// MaxConns caps the connections a server holds from all clients: at
 	// about 20 KiB each (buffers, goroutine, TLS state), 1,024 take about
-	// 20 MiB. Once full, new connections wait in the kernel's backlog until
-	// one closes rather than growing memory.
+	// 20 MiB. Once full, each new connection closes the one that has waited
+	// longest without a request in progress, so clients holding
+	// connections from many addresses cannot lock the probes out.
 	MaxConns = 1024
 )

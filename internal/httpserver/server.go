@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"k8s.io/klog/v2"
 )
 
@@ -42,11 +41,16 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 	})
 	// The per-client cap comes first, so a connection over it costs no
 	// TLS handshake and takes no slot of the total.
-	ln = netutil.LimitListener(LimitPerClient(ln, MaxConnsPerClient, func(ip string) {
+	ln = LimitPerClient(ln, MaxConnsPerClient, func(ip string) {
 		sampled.Do("over_client_cap", func(unlogged map[string]int) {
 			logger.Info("Closed a connection over the per-client cap", "client", ip, "max", MaxConnsPerClient, "notLogged", unlogged)
 		})
-	}), MaxConns)
+	})
+	total := newConnCap(MaxConns, func() {
+		sampled.Do("over_total_cap", func(unlogged map[string]int) {
+			logger.Info("Closed the connection waiting longest to make room for a new one", "max", MaxConns, "notLogged", unlogged)
+		})
+	})
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
@@ -57,6 +61,7 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 		WriteTimeout:      to.write,
 		IdleTimeout:       to.idle,
 		MaxHeaderBytes:    MaxHeaderBytes,
+		ConnState:         total.track,
 		// Handlers log with ctx's logger; a request is not cancelled by
 		// shutdown, which waits for it instead.
 		BaseContext: func(net.Listener) context.Context { return klog.NewContext(context.WithoutCancel(ctx), logger) },

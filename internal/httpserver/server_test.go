@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -132,11 +133,13 @@ func TestServeSamplesErrors(t *testing.T) {
 	}
 }
 
-// TestServeCapsTotal: with MaxConns connections held (MaxConnsPerClient
-// from each of enough addresses), one more from a new address waits
-// unanswered, not refused, and is answered once one of them closes.
+// TestServeCapsTotal: with MaxConns connections held idle from many
+// addresses (none over the per-client cap), a new client is still
+// answered at once: the connection idle longest is closed to make room
+// (and reported), the others stay, and the server holds no more than
+// MaxConns.
 func TestServeCapsTotal(t *testing.T) {
-	addr, _ := startServer(t, nil)
+	addr, logs := startServer(t, nil)
 	var held []net.Conn
 	for i := range MaxConns {
 		ip := fmt.Sprintf("127.0.%d.%d", 1+i/MaxConnsPerClient/250, 1+(i/MaxConnsPerClient)%250)
@@ -146,24 +149,86 @@ func TestServeCapsTotal(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	answered := make(chan int, 1)
-	go func() {
-		_, code := get(t, "127.0.9.9", addr, "")
-		answered <- code
-	}()
-	select {
-	case code := <-answered:
-		t.Fatalf("with %d connections held, one more was answered at once (%d), want it to wait", MaxConns, code)
-	case <-time.After(300 * time.Millisecond): // waiting, as it should
-	}
-	held[0].Close()
-	select {
-	case code := <-answered:
-		if code != http.StatusOK {
-			t.Errorf("once a slot freed, the waiting connection got %d, want 200", code)
+	for i := range 3 {
+		start := time.Now()
+		if _, code := get(t, "127.0.9.9", addr, ""); code != http.StatusOK {
+			t.Fatalf("new client %d with %d connections held: %d, want 200", i+1, MaxConns, code)
 		}
-	case <-time.After(5 * time.Second):
-		t.Error("once a slot freed, the waiting connection was still not answered after 5 s")
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("new client %d with %d connections held: answered after %s, want at once", i+1, MaxConns, d)
+		}
+	}
+	// The three longest idle went, in order; the next ones stay.
+	for i, c := range held[:5] {
+		if got, want := closedByPeer(t, c), i < 3; got != want {
+			t.Errorf("held connection %d: closed %v, want %v", i+1, got, want)
+		}
+	}
+	if n := logged(t, logs, "to make room"); n < 1 || n > 3 {
+		t.Errorf("%d log lines about closing connections to make room, want 1 to 3 (sampled)", n)
+	}
+}
+
+// TestConnCapKeepsRequestsInProgress: only connections without a request
+// in progress are closed to make room; with none, the new one goes.
+func TestConnCapKeepsRequestsInProgress(t *testing.T) {
+	evicted := 0
+	c := newConnCap(2, func() { evicted++ })
+	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
+	c.track(a, http.StateNew)
+	c.track(a, http.StateActive)
+	c.track(b, http.StateNew)
+	c.track(b, http.StateActive)
+	c.track(n, http.StateNew)
+	if got := c.open(); got != 2 || evicted != 1 {
+		t.Fatalf("open %d, evicted %d; want 2 and 1", got, evicted)
+	}
+	waitClosed(t, n, "the new connection, every other busy")
+	if a.isClosed() || b.isClosed() {
+		t.Error("a connection with a request in progress was closed")
+	}
+	c.track(b, http.StateIdle)
+	m := &fakeConn{}
+	c.track(m, http.StateNew)
+	waitClosed(t, b, "the idle connection")
+	if m.isClosed() || a.isClosed() || c.open() != 2 || evicted != 2 {
+		t.Errorf("after an idle one made room: new closed %v, busy closed %v, open %d, evicted %d; want false, false, 2, 2", m.isClosed(), a.isClosed(), c.open(), evicted)
+	}
+	c.track(b, http.StateClosed) // the server's own close of b changes nothing
+	c.track(a, http.StateClosed)
+	if got := c.open(); got != 1 {
+		t.Errorf("open %d after a close, want 1", got)
+	}
+}
+
+// fakeConn is a net.Conn that only records Close.
+type fakeConn struct {
+	net.Conn
+	mu     sync.Mutex
+	closed bool
+}
+
+func (f *fakeConn) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	return nil
+}
+
+func (f *fakeConn) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
+// waitClosed waits up to 1 s for c's Close, which connCap calls on a
+// goroutine of its own.
+func waitClosed(t *testing.T, c *fakeConn, what string) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		return c.isClosed(), nil
+	}); err != nil {
+		t.Errorf("%s was not closed", what)
 	}
 }
 

@@ -1,0 +1,80 @@
+package httpserver
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// connCap keeps a server at max connections by closing, when one more
+// arrives, the connection that has waited longest without a request in
+// progress (idle between requests, or not yet through its headers). Unlike
+// a listener that stops accepting, it never leaves a new client (the
+// kubelet's next probe) waiting behind connections that others hold open
+// from many addresses. Its track method is the http.Server's ConnState.
+type connCap struct {
+	max     int
+	evicted func() // called once per connection closed to make room
+
+	mu    sync.Mutex
+	conns map[net.Conn]connEntry
+}
+
+type connEntry struct {
+	state http.ConnState
+	since time.Time // when it entered state
+}
+
+func newConnCap(max int, evicted func()) *connCap {
+	return &connCap{max: max, evicted: evicted, conns: map[net.Conn]connEntry{}}
+}
+
+func (c *connCap) track(conn net.Conn, state http.ConnState) {
+	c.mu.Lock()
+	var victim net.Conn
+	switch state {
+	case http.StateNew:
+		c.conns[conn] = connEntry{state, time.Now()}
+		if len(c.conns) > c.max {
+			victim = c.longestWaiting(conn)
+			delete(c.conns, victim)
+		}
+	case http.StateActive, http.StateIdle:
+		if _, ok := c.conns[conn]; ok { // not already closed to make room
+			c.conns[conn] = connEntry{state, time.Now()}
+		}
+	case http.StateHijacked, http.StateClosed:
+		delete(c.conns, conn)
+	}
+	c.mu.Unlock()
+	if victim != nil {
+		// Not on the accept loop: a TLS close writes an alert, which a
+		// client that reads nothing can hold up.
+		go victim.Close()
+		c.evicted()
+	}
+}
+
+// longestWaiting is the new or idle connection, other than the one just
+// accepted, that has been so the longest; the one just accepted when every
+// other has a request in progress (those end within WriteTimeout).
+func (c *connCap) longestWaiting(accepted net.Conn) net.Conn {
+	victim, oldest := accepted, time.Time{}
+	for conn, e := range c.conns {
+		if conn == accepted || e.state == http.StateActive {
+			continue
+		}
+		if oldest.IsZero() || e.since.Before(oldest) {
+			victim, oldest = conn, e.since
+		}
+	}
+	return victim
+}
+
+// open is how many connections are held.
+func (c *connCap) open() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns)
+}
