@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/demo-operator/uuid-controller/test/framework"
 )
@@ -25,31 +27,50 @@ type uuidHistory struct {
 	done chan struct{}
 }
 
-// watchUUIDs starts recording ns; checkOnce reads it.
+// watchUUIDs starts recording ns: what a list finds now, then every change
+// from a watch that resumes where it stopped when the apiserver closes it
+// (as it does a watcher that falls behind a burst); checkOnce reads it.
 func watchUUIDs(ctx context.Context, t *testing.T, ns string) *uuidHistory {
 	t.Helper()
-	w, err := uuids(ns).Watch(ctx, metav1.ListOptions{})
+	h := &uuidHistory{seen: map[string][]string{}, done: make(chan struct{})}
+	list, err := uuids(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
+		t.Fatalf("list %s: %v", ns, err)
+	}
+	for i := range list.Items {
+		h.record(&list.Items[i])
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := watchtools.NewRetryWatcherWithContext(wctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return uuids(ns).Watch(ctx, opts)
+		},
+	})
+	if err != nil {
+		cancel()
 		t.Fatalf("watch %s: %v", ns, err)
 	}
-	h := &uuidHistory{seen: map[string][]string{}, stop: w.Stop, done: make(chan struct{})}
+	h.stop = func() { cancel(); w.Stop() }
 	go func() {
 		defer close(h.done)
 		for ev := range w.ResultChan() {
-			u, ok := ev.Object.(*unstructured.Unstructured)
-			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
-				continue
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
+				h.record(u)
 			}
-			id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
-			h.mu.Lock()
-			if ids := h.seen[u.GetName()]; id != "" && (len(ids) == 0 || ids[len(ids)-1] != id) {
-				h.seen[u.GetName()] = append(ids, id)
-			}
-			h.mu.Unlock()
 		}
 	}()
 	t.Cleanup(h.Stop)
 	return h
+}
+
+// record notes u's UUID when it differs from the last one seen.
+func (h *uuidHistory) record(u *unstructured.Unstructured) {
+	id, _, _ := unstructured.NestedString(u.Object, "status", "uuid")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ids := h.seen[u.GetName()]; id != "" && (len(ids) == 0 || ids[len(ids)-1] != id) {
+		h.seen[u.GetName()] = append(ids, id)
+	}
 }
 
 // Stop ends the watch and waits for the recorder to finish.
