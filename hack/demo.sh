@@ -4,7 +4,8 @@
 # then keeps running until Ctrl-C (or exits at once with DEMO_ONCE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-go build -o bin/uuid-controller .
+# make build stamps the version (git describe), which the start-up line logs.
+make --no-print-directory build
 # As its ServiceAccount, not admin: the demo runs on deploy/rbac.yaml's grants.
 bin/uuid-controller --kubeconfig "${CONTROLLER_KUBECONFIG:-$KUBECONFIG}" --health-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 &
 ctrl=$!
