@@ -423,7 +423,7 @@ func (c *Controller) writeStatus(ctx context.Context, obj *cachedUUID, st Status
 		c.metrics.StatusWrites.WithLabelValues("not_found").Inc()
 	default:
 		c.metrics.StatusWrites.WithLabelValues("error").Inc()
-		c.metrics.PatchFailures.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
+		c.metrics.PatchFailures.WithLabelValues(failureMetricReason(err)).Inc()
 	}
 	return err
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/demo-operator/uuid-controller/internal/version"
@@ -182,4 +186,30 @@ func (p *workqueueProvider) NewLongestRunningProcessorSecondsMetric(name string)
 }
 func (p *workqueueProvider) NewRetriesMetric(name string) workqueue.CounterMetric {
 	return p.retries.WithLabelValues(name)
+}
+
+// Reasons patch_failures_total gives a failure the apiserver did not
+// answer with a reason of its own.
+const (
+	// ReasonClientTimeout: the request did not get an answer, or could not
+	// leave the client-side rate limiter, within the sync's deadline.
+	ReasonClientTimeout = "ClientTimeout"
+	// ReasonClientError: no answer at all (connection refused or reset, TLS).
+	ReasonClientError = "ClientError"
+)
+
+// failureMetricReason is the reason label for a failed status write: the
+// apiserver's reason (Forbidden, Invalid, InternalError, ...), or what kept
+// the request from getting one, so a failure is never counted under "".
+func failureMetricReason(err error) string {
+	if r := apierrors.ReasonForError(err); r != "" {
+		return string(r)
+	}
+	// client-go wraps the rate limiter's refusal as text only
+	// ("client rate limiter Wait returned an error: rate: Wait(n=1) would
+	// exceed context deadline").
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "rate limiter Wait") {
+		return ReasonClientTimeout
+	}
+	return ReasonClientError
 }

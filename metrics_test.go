@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"syscall"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // TestAssignmentLatencyFromCreation: an assignment observes the seconds
@@ -50,5 +58,29 @@ func TestKopfFinalizerWaitingGauge(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != 2 {
 		t.Errorf("uuid_controller_kopf_finalizer_waiting_objects = %v, want [2]", got)
+	}
+}
+
+// TestFailureMetricReason: a failed write is counted under the apiserver's
+// reason, or under what kept it from one; never under "".
+func TestFailureMetricReason(t *testing.T) {
+	gr := schema.GroupResource{Group: "demo.operator", Resource: "uuid"}
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"forbidden", apierrors.NewForbidden(gr, "a", errors.New("denied")), "Forbidden"},
+		{"internal error", apierrors.NewInternalError(errors.New("boom")), "InternalError"},
+		{"server timeout", apierrors.NewTimeoutError("slow", 1), "Timeout"},
+		{"no answer before the deadline", &url.Error{Op: "Patch", URL: "https://apiserver", Err: context.DeadlineExceeded}, ReasonClientTimeout},
+		{"held by the client's rate limiter", fmt.Errorf("client rate limiter Wait returned an error: %w", errors.New("rate: Wait(n=1) would exceed context deadline")), ReasonClientTimeout},
+		{"connection refused", &url.Error{Op: "Patch", URL: "https://apiserver", Err: refused}, ReasonClientError},
+	}
+	for _, tt := range tests {
+		if got := failureMetricReason(tt.err); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }

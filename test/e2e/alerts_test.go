@@ -469,6 +469,26 @@ func TestAlertAssignmentsFailing(t *testing.T) {
 	waitFiring(ctx, t, prom, "UuidControllerObjectsDropped", nil, 2*time.Minute)
 }
 
+// TestAlertQueueBackingUp: a controller with one worker held to 2 API
+// requests a second (--kube-api-qps) keeps more than 100 of 300 new
+// objects queued for longer than the alert's scaled for:, and the backlog
+// alert fires for it, the leader. Its metrics reviews have a client of
+// their own, so Prometheus still scrapes it. (With many workers the
+// writes would time out in the rate limiter and leave the queue for
+// their backoff instead.)
+func TestAlertQueueBackingUp(t *testing.T) {
+	ctx := testCtx(t)
+	m := newMonitored(ctx, t)
+	p := m.launch(ctx, t, "--workers=1", "--kube-api-qps=2", "--kube-api-burst=1")
+	prom := m.startPrometheus(ctx, t, p)
+	createUuids(ctx, t, m.ns, "backlog", 300)
+	a, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", nil, 2*time.Minute)
+	t.Logf("/api/v1/alerts: %s", body)
+	if v := alertValue(t, a); v <= 100 {
+		t.Errorf("UuidControllerQueueBackingUp fired at a queue depth of %v, want over 100", v)
+	}
+}
+
 // TestAlertControllerStopped: once the only controller stops, the shipped
 // rules fire UuidControllerDown and UuidControllerNoLeader.
 func TestAlertControllerStopped(t *testing.T) {
