@@ -222,9 +222,19 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		c.policy.proveAtStart(ctx, c.store.List())
 		wg.Go(func() { c.policy.reprobeWhileMissing(ctx, c.store.List) })
 	}
+	// Reconciles run under work: ctx's values (the logger) without its
+	// cancellation, so one in flight is never cut off half-way through a
+	// shutdown (SyncTimeout bounds it instead). Unless the lease is lost:
+	// then another replica may be writing already, and work ends too.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		if leaseLost(ctx) {
+			cancelWork()
+		}
+	})
 	for range workers {
 		wg.Go(func() {
-			for c.processNextWorkItem(ctx) {
+			for c.processNextWorkItem(ctx, work) {
 			}
 		})
 	}
@@ -232,7 +242,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	logger.Info("Stopping workers", "controller", controllerName)
 	c.queue.ShutDown()
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	go func() { wg.Wait(); cancelWork(); close(done) }()
 	select {
 	case <-done:
 		return nil
@@ -241,9 +251,9 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 }
 
-// processNextWorkItem handles one key. It returns false when the queue is shut
-// down or ctx is cancelled.
-func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+// processNextWorkItem handles one key under work (see Run). It returns false
+// when the queue is shut down or ctx is cancelled.
+func (c *Controller) processNextWorkItem(ctx, work context.Context) bool {
 	key, shutdown := c.queue.Get()
 	if shutdown {
 		return false
@@ -254,18 +264,8 @@ func (c *Controller) processNextWorkItem(ctx context.Context) bool {
 		// whichever process runs next, from its own informer's list.
 		return false
 	}
-	// A reconcile in flight is allowed to finish after ctx is cancelled, so
-	// a PATCH is never cut off half-way through shutdown; it keeps ctx's
-	// values (the logger) and is bounded by SyncTimeout instead. Unless the
-	// lease is lost: then another replica may be writing already.
-	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
+	syncCtx, cancel := context.WithTimeout(work, c.opts.SyncTimeout)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		if leaseLost(ctx) {
-			cancel()
-		}
-	})
-	defer stop()
 	err := c.syncHandler(syncCtx, key)
 	if leaseLost(ctx) {
 		// No retry and no Error status: the next leader's informer lists
@@ -558,8 +558,8 @@ const baseRetryDelay = 5 * time.Millisecond
 
 // rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
 // maxDelay, without client-go's overall 10 qps bucket, whose reservations
-// pile up through an outage (docs/design.md); the client's QPS limit and the
-// apiserver's fairness protect the apiserver.
+// pile up through an outage (docs/design.md); the apiserver's API Priority
+// and Fairness (and --kube-api-qps, when set) protect the apiserver.
 func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
 	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
 }

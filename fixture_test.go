@@ -118,7 +118,7 @@ func (f *fixture) drive(n int) {
 	f.t.Helper()
 	for i := range n {
 		done := make(chan bool)
-		go func() { done <- f.ctrl.processNextWorkItem(f.ctx) }()
+		go func() { done <- f.ctrl.processNextWorkItem(f.ctx, context.WithoutCancel(f.ctx)) }()
 		select {
 		case ok := <-done:
 			if !ok {
