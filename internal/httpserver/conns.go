@@ -71,10 +71,3 @@ func (c *connCap) longestWaiting(accepted net.Conn) net.Conn {
 	}
 	return victim
 }
-
-// open is how many connections are held.
-func (c *connCap) open() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.conns)
-}

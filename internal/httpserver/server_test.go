@@ -201,6 +201,13 @@ func TestConnCapKeepsRequestsInProgress(t *testing.T) {
 	}
 }
 
+// open is how many connections c holds.
+func (c *connCap) open() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns)
+}
+
 // fakeConn is a net.Conn that only records Close.
 type fakeConn struct {
 	net.Conn
