@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 	"unique"
 
 	"github.com/google/uuid"
@@ -13,10 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 )
 
 // cachedUUID is what the informer keeps of a Uuid object: its identity (for
@@ -78,14 +73,6 @@ type cachedRare struct {
 	deletionTimestamp *metav1.Time
 	// finalizers are kept only while the object is being deleted.
 	finalizers []string
-}
-
-// newInformer is the informer on uuidGVR in namespace ("" for all). It has
-// no indexes: the controller reads objects by key only, and the namespace
-// index a shared informer factory adds costs memory for every object.
-// NewController sets its transform, trimForCache.
-func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration) informers.GenericInformer {
-	return dynamicinformer.NewFilteredDynamicInformer(dyn, uuidGVR, namespace, resync, cache.Indexers{}, nil)
 }
 
 // trimForCache is the informer's transform: every object is stored, and

@@ -60,7 +60,7 @@ func BenchmarkInformerSync(b *testing.B) {
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		informer := newInformer(dyn, "bench", 0)
+		informer := newInformer(dyn, "bench", 0, false)
 		if _, err := NewController(ctx, dyn, informer, record.NewFakeRecorder(1), NewMetrics(), noCRDGate{}, Options{}); err != nil {
 			b.Fatal(err)
 		}

@@ -61,9 +61,10 @@ type Controller struct {
 	// sendStatus writes the status subresource: main's sends with a REST
 	// client that does not decode the response (useStatusClient).
 	sendStatus statusPatcher
-	// store is the informer's cache of *cachedUUID objects. Not a
-	// GenericLister: the dynamic one insists on unstructured objects.
-	store cache.Store
+	// store is the informer's cache of *cachedUUID objects (main's is a
+	// watch, which may switch informers). Not a GenericLister: the dynamic
+	// one insists on unstructured objects.
+	store objectStore
 	// synced reports whether the informer's cache has synced.
 	synced cache.InformerSynced
 	// queue holds the keys of objects that may need a UUID.
@@ -83,6 +84,22 @@ type Controller struct {
 	// is proven to bind the controller (kopfpolicy.go); nil without
 	// --remove-kopf-finalizer.
 	policy *kopfPolicy
+	// attach sets the cache transform and the event handlers on an
+	// informer that has not started.
+	attach func(cache.SharedIndexInformer) error
+	// strays are the objects a sweep found whose status.uuid is not a
+	// UUID, which a narrowed watch cannot see (sweep.go).
+	strays strays
+	// sweepRequests asks the leader for a sweep; namespace ("" for all)
+	// is what it lists.
+	sweepRequests chan struct{}
+	namespace     string
+}
+
+// objectStore is what the controller reads of an informer's cache.
+type objectStore interface {
+	GetByKey(key string) (any, bool, error)
+	List() []any
 }
 
 // crdGate is what the controller asks of the CRD check (internal/crdcheck):
@@ -113,15 +130,17 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 	}
 	logger := klog.FromContext(ctx)
 	c := &Controller{
-		client:     client.Resource(uuidGVR),
-		sendStatus: dynamicPatcher(client.Resource(uuidGVR)),
-		store:      informer.Informer().GetStore(),
-		synced:     informer.Informer().HasSynced,
-		recorder:   recorder,
-		metrics:    metrics,
-		newUUID:    uuid.New,
-		opts:       opts,
-		crd:        crd,
+		client:        client.Resource(uuidGVR),
+		sendStatus:    dynamicPatcher(client.Resource(uuidGVR)),
+		store:         informer.Informer().GetStore(),
+		synced:        informer.Informer().HasSynced,
+		recorder:      recorder,
+		metrics:       metrics,
+		newUUID:       uuid.New,
+		opts:          opts,
+		crd:           crd,
+		strays:        strays{keys: map[cache.ObjectName]struct{}{}},
+		sweepRequests: make(chan struct{}, 1),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
@@ -137,18 +156,35 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 	if opts.RemoveKopfFinalizer {
 		c.policy = newKopfPolicy(c.client, metrics.KopfPolicyBound)
 	}
-	if err := informer.Informer().SetTransform(trimForCache); err != nil {
-		return nil, fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
+	c.attach = func(inf cache.SharedIndexInformer) error {
+		if err := inf.SetTransform(trimForCache); err != nil {
+			return fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
+		}
+		_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.enqueue(logger, obj) },
+			UpdateFunc: func(old, cur any) { c.onUpdate(logger, old, cur) },
+			// An object that leaves a narrowed watch (its UUID was
+			// written) arrives here too: the normal end of its time in
+			// the cache.
+			DeleteFunc: c.onDelete,
+		})
+		if err != nil {
+			return fmt.Errorf("adding event handler: %w", err)
+		}
+		return nil
 	}
-	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueue(logger, obj) },
-		UpdateFunc: func(old, cur any) { c.onUpdate(logger, old, cur) },
-		DeleteFunc: c.onDelete,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("adding event handler: %w", err)
+	if err := c.attach(informer.Informer()); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// useWatch reads objects from w, whose informers it sets up with attach,
+// instead of the informer NewController was given (which is not run).
+// namespace ("" for all) is what a sweep lists.
+func (c *Controller) useWatch(w *watch, namespace string) {
+	c.store, c.synced, c.namespace = w, w.HasSynced, namespace
+	w.onNarrowed = c.requestSweep
 }
 
 // onUpdate queues the object unless the update is the informer returning
@@ -218,6 +254,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return nil
 	}
 	var wg sync.WaitGroup
+	wg.Go(func() { c.runSweeps(ctx) })
 	if c.policy != nil {
 		c.policy.proveAtStart(ctx, c.store.List())
 		wg.Go(func() { c.policy.reprobeWhileMissing(ctx, c.store.List) })
@@ -288,7 +325,7 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KRef(key.Namespace, key.Name))
 	ctx = klog.NewContext(ctx, logger)
 
-	obj, err := c.get(key)
+	obj, err := c.read(ctx, key)
 	if apierrors.IsNotFound(err) {
 		logger.V(4).Info("Object is gone, nothing to do")
 		return nil
@@ -463,6 +500,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
 		c.queue.Forget(key)
+		c.strays.remove(key)
 	case apierrors.IsConflict(err):
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
@@ -471,6 +509,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.queue.AddRateLimited(key)
 	case isPermanent(err):
 		c.queue.Forget(key)
+		c.strays.remove(key)
 		c.metrics.Dropped.Inc()
 		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
 			"object", ref, "attempts", attempts)
@@ -536,7 +575,7 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	// The attempt's own deadline may be what just failed it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
 	defer cancel()
-	obj, err := c.get(key)
+	obj, err := c.read(ctx, key)
 	if err != nil {
 		return // gone, or unreadable from the cache: nothing to mark
 	}

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -94,21 +95,29 @@ func run(ctx context.Context, cfg *config) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: controllerName})
 
-	informer := newInformer(dyn, cfg.namespace, cfg.resync)
 	disc, err := discovery.NewDiscoveryClientForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("building discovery client: %w", err)
 	}
+	var w *watch
 	crd := crdcheck.New(crdcheck.Config{
 		Discovery: disc, Resource: uuidGVR, Kind: uuidKind,
 		Status: reflect.TypeFor[Status](), Samples: statusSamples,
 		Fix:   crdFix,
 		Ready: metrics.CRDReady,
+		// The watch follows the CRD: narrowed while it declares the field.
+		SelectableField: selectableField,
+		Checked:         func() { w.Poke() },
 	})
-	ctrl, err := NewController(ctx, dyn, informer, recorder, metrics, crd, cfg.opts)
+	newInf := func(narrowed bool) informers.GenericInformer {
+		return newInformer(dyn, cfg.namespace, cfg.resync, narrowed)
+	}
+	ctrl, err := NewController(ctx, dyn, newInf(false), recorder, metrics, crd, cfg.opts)
 	if err != nil {
 		return err
 	}
+	w = newWatch(newInf, ctrl.attach, crd.Selectable, cfg.opts.RemoveKopfFinalizer, metrics.WatchNarrowed)
+	ctrl.useWatch(w, cfg.namespace)
 	statusClient, err := newStatusClient(restConfig)
 	if err != nil {
 		return err
@@ -118,7 +127,7 @@ func run(ctx context.Context, cfg *config) error {
 	if ctrl.policy != nil {
 		checks = append(checks, ctrl.policy.Ready)
 	}
-	ready := readiness(informer.Informer().HasSynced, checks...)
+	ready := readiness(w.HasSynced, checks...)
 
 	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
 	if err != nil {
@@ -145,7 +154,7 @@ func run(ctx context.Context, cfg *config) error {
 	// Standbys run the informer too, so a new leader starts with a warm
 	// cache.
 	informerDone := make(chan struct{})
-	go func() { defer close(informerDone); informer.Informer().RunWithContext(ctx) }()
+	go func() { defer close(informerDone); w.Run(ctx) }()
 	defer func() { cancel(); <-informerDone }()
 	crdDone := make(chan struct{})
 	// Once a wrong CRD is fixed, the objects held back are queued at once

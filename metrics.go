@@ -51,6 +51,15 @@ type Metrics struct {
 	// KopfPolicyBound is 1 once a dry run has proven that the admission
 	// policy binds the controller (kopfpolicy.go).
 	KopfPolicyBound prometheus.Gauge
+	// WatchNarrowed is 1 while the informer in use watches only the
+	// objects waiting for a UUID (watch.go), 0 while it watches every one.
+	WatchNarrowed prometheus.Gauge
+	// Sweeps counts sweeps for a status.uuid that is not a UUID
+	// (sweep.go), by result (ok, error).
+	Sweeps *prometheus.CounterVec
+	// SweepInvalid is how many objects the last sweep found with a
+	// status.uuid that is not a UUID; SweepDuration how long it took.
+	SweepInvalid, SweepDuration prometheus.Gauge
 }
 
 // NewMetrics builds the controller metrics plus Go and process collectors.
@@ -100,6 +109,25 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Name: "kopf_policy_bound",
 			Help: "1 once a dry run the admission policy uuid-controller-kopf-migration must deny was denied (--remove-kopf-finalizer); 0 before, or while such a dry run is allowed, when no kopf finalizer is removed.",
 		}),
+		WatchNarrowed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "watch_narrowed",
+			Help: "1 while the controller lists and watches only the Uuid objects waiting for a UUID (fieldSelector status.uuid=); 0 while it caches every object, because the served CRD does not declare status.uuid selectable or --remove-kopf-finalizer is on.",
+		}),
+		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "sweeps_total",
+			Help: "Paginated lists of every Uuid object, made by the leader of a narrowed watch to find a status.uuid that is not a UUID, by result.",
+		}, []string{"result"}),
+		SweepInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "sweep_invalid_objects",
+			Help: "Uuid objects the last sweep found with a status.uuid that is not a UUID (each is then given one).",
+		}),
+		SweepDuration: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "sweep_duration_seconds",
+			Help: "Seconds the last successful sweep took.",
+		}),
+	}
+	for _, result := range []string{"ok", "error"} {
+		m.Sweeps.WithLabelValues(result)
 	}
 	// Known results are exported as 0 from the start, so a rate over them
 	// works before the first write and a missing series means a rename.
@@ -116,6 +144,7 @@ func NewMetrics() *Metrics {
 	buildInfo.WithLabelValues(build.Version, build.Revision, build.GoVersion).Set(1)
 	m.Registry.MustRegister(buildInfo)
 	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests, m.CRDReady, m.KopfFinalizersRemoved, m.KopfPolicyBound, m.AssignmentLatency,
+		m.WatchNarrowed, m.Sweeps, m.SweepInvalid, m.SweepDuration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

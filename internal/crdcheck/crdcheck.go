@@ -76,6 +76,12 @@ type Config struct {
 	// Ready is set to 1 while the CRD fits, 0 while it does not or before
 	// the first check.
 	Ready prometheus.Gauge
+	// SelectableField is a field path (e.g. "status.uuid") whose presence
+	// among the CRD's selectable fields Selectable reports; "" for none.
+	SelectableField string
+	// Checked, when set, is called after every check, whether it completed
+	// or not, so a caller can act on a change of Selectable at once.
+	Checked func()
 }
 
 // Checker knows whether the served resource can hold what the controller
@@ -94,6 +100,9 @@ type Checker struct {
 	checked  bool     // a check has completed
 	problems []string // what is wrong with the CRD; nil when it is right
 	lastErr  error    // why the last check could not complete
+	// selectable is whether the last completed check found
+	// cfg.SelectableField among the kind's selectable fields.
+	selectable bool
 }
 
 // facts is what a check reads from the apiserver.
@@ -141,6 +150,9 @@ func (k *Checker) fetchFacts(ctx context.Context) (facts, error) {
 func (k *Checker) Run(ctx context.Context, onHeal func(context.Context)) {
 	for {
 		k.check(ctx, onHeal)
+		if k.cfg.Checked != nil {
+			k.cfg.Checked()
+		}
 		wait := checkWhileRight
 		if k.Ready() != nil {
 			wait = checkWhileWrong
@@ -186,9 +198,10 @@ func (k *Checker) check(ctx context.Context, onHeal func(context.Context)) {
 		return
 	}
 	problems := k.problemsOf(f)
+	selectable := k.declaresSelectable(f)
 	k.mu.Lock()
 	was, wasChecked := k.problems, k.checked
-	k.checked, k.problems, k.lastErr = true, problems, nil
+	k.checked, k.problems, k.lastErr, k.selectable = true, problems, nil, selectable
 	k.mu.Unlock()
 
 	if len(problems) == 0 {
@@ -257,6 +270,37 @@ func (k *Checker) Blocked() error {
 	return fmt.Errorf("%w: %s; %s", notReadyError{k.cfg.Kind}, strings.Join(k.problems, "; "), k.cfg.Fix)
 }
 
+// Selectable tells whether the served CRD declares cfg.SelectableField as
+// a selectable field (x-kubernetes-selectable-fields in its OpenAPI
+// document), and whether that is known: false before the first check
+// completes.
+func (k *Checker) Selectable() (selectable, known bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.selectable, k.checked
+}
+
+// declaresSelectable tells whether f's kind schema lists
+// cfg.SelectableField among its selectable fields. The apiserver publishes
+// them only where it serves them (1.31 and later, or 1.30 with the
+// CustomResourceFieldSelectors gate), so an older apiserver reads as false.
+func (k *Checker) declaresSelectable(f facts) bool {
+	if k.cfg.SelectableField == "" || f.resources == nil {
+		return false
+	}
+	s, found, err := k.kindSchema(f.openAPI)
+	if err != nil || !found {
+		return false
+	}
+	want := strings.TrimPrefix(k.cfg.SelectableField, ".")
+	for _, sf := range s.Selectable {
+		if strings.TrimPrefix(sf.FieldPath, ".") == want {
+			return true
+		}
+	}
+	return false
+}
+
 // Ready is the readiness of the CRD: nil once a check found it right.
 func (k *Checker) Ready() error {
 	if err := k.Blocked(); err != nil {
@@ -312,6 +356,9 @@ type openAPISchema struct {
 	GVK             []struct {
 		Group, Version, Kind string
 	} `json:"x-kubernetes-group-version-kind"`
+	Selectable []struct {
+		FieldPath string `json:"fieldPath"`
+	} `json:"x-kubernetes-selectable-fields"`
 }
 
 // schemaProblems checks the kind's schema in an OpenAPI v3 document against

@@ -394,3 +394,35 @@ func TestCRDCheckReportsUnpublishedAfterGrace(t *testing.T) {
 		})
 	}
 }
+
+// Selectable follows the selectable fields the served CRD declares:
+// unknown before a check completes, true for crd.yaml (captured from the
+// apiserver), false for the article's CRD and for an unreadable document,
+// and what was known stands through a failed check.
+func TestSelectable(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	good, article := readFacts(t, "crd"), readFacts(t, "article-crd")
+	k := newTestChecker(nil)
+	k.cfg.SelectableField = "status.uuid"
+	k.fetch = fakeFetch(
+		func() (facts, error) { return facts{}, errors.New("connection refused") },
+		func() (facts, error) { return good, nil },
+		func() (facts, error) { return facts{}, errors.New("connection refused") },
+		func() (facts, error) { return article, nil },
+		func() (facts, error) { return facts{resources: good.resources, openAPI: []byte("<html>")}, nil },
+	)
+	want := []struct{ selectable, known bool }{{false, false}, {true, true}, {true, true}, {false, true}, {false, true}}
+	for i, w := range want {
+		k.check(ctx, func(context.Context) {})
+		if s, known := k.Selectable(); s != w.selectable || known != w.known {
+			t.Errorf("check %d: Selectable() = %v, %v; want %v, %v", i, s, known, w.selectable, w.known)
+		}
+	}
+	other := newTestChecker(nil)
+	other.cfg.SelectableField = "status.state"
+	other.fetch = fakeFetch(func() (facts, error) { return good, nil })
+	other.check(ctx, func(context.Context) {})
+	if s, _ := other.Selectable(); s {
+		t.Error("Selectable for status.state = true on crd.yaml, which declares only status.uuid")
+	}
+}

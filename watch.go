@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// pendingSelector selects the objects still waiting for a UUID: an absent
+// status.uuid selects as the empty string. It needs the CRD to declare
+// status.uuid a selectable field (crd.yaml does; Kubernetes 1.31+).
+const pendingSelector = "status.uuid="
+
+// selectableField is the field the narrowed watch selects on.
+const selectableField = "status.uuid"
+
+// newInformer is the informer on uuidGVR in namespace ("" for all), over
+// every object, or only the pending ones when narrowed. It has no indexes:
+// the controller reads objects by key only, and the namespace index a
+// shared informer factory adds costs memory for every object.
+func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, narrowed bool) informers.GenericInformer {
+	var tweak dynamicinformer.TweakListOptionsFunc
+	if narrowed {
+		tweak = func(o *metav1.ListOptions) { o.FieldSelector = pendingSelector }
+	}
+	return dynamicinformer.NewFilteredDynamicInformer(dyn, uuidGVR, namespace, resync, cache.Indexers{}, tweak)
+}
+
+// watchModes tells which informer the CRD allows: narrowed is whether the
+// served CRD declares status.uuid selectable, known whether that has been
+// read yet (crdcheck.Checker.Selectable).
+type watchModes func() (narrowed, known bool)
+
+// watch runs the controller's informer: narrowed to the objects still
+// waiting for a UUID wherever the served CRD allows it, else over every
+// object. When that changes (crd.yaml applied over the kopf article's CRD,
+// or the other way), it starts the other informer, switches to it once it
+// has synced, and stops the old one, without a restart. It is the
+// controller's store: reads go to the informer in use.
+type watch struct {
+	// newInformer builds an informer, narrowed or not; attach sets the
+	// controller's transform and handlers on it before it starts.
+	newInformer func(narrowed bool) informers.GenericInformer
+	attach      func(cache.SharedIndexInformer) error
+	modes       watchModes
+	// forceFull keeps the full informer whatever the CRD allows (the kopf
+	// migration must see every object being deleted).
+	forceFull bool
+	// onNarrowed runs each time the narrowed informer is put in use, so
+	// what it cannot see (a status.uuid that is not a UUID) is looked for.
+	onNarrowed func()
+	// changed wakes Run: the CRD check completed, or the watch failed.
+	changed chan struct{}
+	// narrowedGauge is uuid_controller_watch_narrowed.
+	narrowedGauge prometheus.Gauge
+
+	cur atomic.Pointer[runningInformer]
+}
+
+// runningInformer is an informer started by watch.
+type runningInformer struct {
+	inf      cache.SharedIndexInformer
+	narrowed bool
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+// newWatch is a watch; Run starts it.
+func newWatch(newInformer func(bool) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
+	modes watchModes, forceFull bool, gauge prometheus.Gauge) *watch {
+	return &watch{newInformer: newInformer, attach: attach, modes: modes, forceFull: forceFull,
+		changed: make(chan struct{}, 1), narrowedGauge: gauge, onNarrowed: func() {}}
+}
+
+// Poke asks Run to look at the modes again: the CRD check completed, or a
+// list or watch failed (a narrowed one fails at once when the CRD loses
+// the selectable field).
+func (w *watch) Poke() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// want is the informer the CRD allows now, and whether that is known.
+func (w *watch) want() (narrowed, known bool) {
+	if w.forceFull {
+		return false, true
+	}
+	return w.modes()
+}
+
+// Run starts the informer the CRD allows, once the first CRD check has
+// completed or failed, and keeps it matching the CRD until ctx ends; it
+// returns once its informers have stopped.
+func (w *watch) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	if w.forceFull {
+		w.Poke() // nothing to wait for
+	}
+	defer func() {
+		if cur := w.cur.Load(); cur != nil {
+			cur.stop()
+			<-cur.done
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.changed:
+		}
+		narrowed, known := w.want()
+		cur := w.cur.Load()
+		if cur != nil && (!known || cur.narrowed == narrowed) {
+			continue
+		}
+		next, err := w.start(ctx, narrowed)
+		if err != nil {
+			logger.Error(err, "Could not start the Uuid informer")
+			continue
+		}
+		if cur != nil && !w.waitSynced(ctx, next) {
+			// The CRD changed back, or ctx ended, before it synced.
+			next.stop()
+			<-next.done
+			continue
+		}
+		w.cur.Store(next)
+		w.report(logger, narrowed, cur != nil)
+		if cur != nil {
+			cur.stop()
+			<-cur.done
+		}
+		if narrowed {
+			w.onNarrowed()
+		}
+	}
+}
+
+// start starts an informer, narrowed or not.
+func (w *watch) start(ctx context.Context, narrowed bool) (*runningInformer, error) {
+	inf := w.newInformer(narrowed).Informer()
+	if err := w.attach(inf); err != nil {
+		return nil, err
+	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		w.Poke()
+	}); err != nil {
+		return nil, fmt.Errorf("setting the watch error handler: %w", err)
+	}
+	ictx, stop := context.WithCancel(ctx)
+	r := &runningInformer{inf: inf, narrowed: narrowed, stop: stop, done: make(chan struct{})}
+	go func() { defer close(r.done); inf.RunWithContext(ictx) }()
+	return r, nil
+}
+
+// waitSynced waits for next to sync while the CRD still allows it; false
+// when the CRD changed back or ctx ended first.
+func (w *watch) waitSynced(ctx context.Context, next *runningInformer) bool {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !next.inf.HasSynced() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-w.changed:
+			if narrowed, known := w.want(); known && narrowed != next.narrowed {
+				return false
+			}
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// report says once, in the log and on a gauge, which informer is in use.
+func (w *watch) report(logger klog.Logger, narrowed, switched bool) {
+	if narrowed {
+		w.narrowedGauge.Set(1)
+		logger.Info("Watching only the Uuid objects still waiting for a UUID", "fieldSelector", pendingSelector, "switched", switched)
+		return
+	}
+	w.narrowedGauge.Set(0)
+	if w.forceFull {
+		logger.Info("Watching every Uuid object: --remove-kopf-finalizer must see each object being deleted", "switched", switched)
+		return
+	}
+	logger.Info("Watching and caching every Uuid object: the served CRD does not declare status.uuid a selectable field "+
+		"(Kubernetes before 1.31, or a CRD from before this controller, such as the kopf article's); "+
+		"apply the controller's CRD (kubectl apply -f crd.yaml) to watch only the objects waiting for a UUID",
+		"switched", switched)
+}
+
+// GetByKey reads key from the informer in use.
+func (w *watch) GetByKey(key string) (any, bool, error) {
+	cur := w.cur.Load()
+	if cur == nil {
+		return nil, false, nil
+	}
+	return cur.inf.GetStore().GetByKey(key)
+}
+
+// List is every object the informer in use holds.
+func (w *watch) List() []any {
+	cur := w.cur.Load()
+	if cur == nil {
+		return nil
+	}
+	return cur.inf.GetStore().List()
+}
+
+// HasSynced tells whether an informer is in use and has synced.
+func (w *watch) HasSynced() bool {
+	cur := w.cur.Load()
+	return cur != nil && cur.inf.HasSynced()
+}
+
+// Narrowed tells whether the informer in use is the narrowed one.
+func (w *watch) Narrowed() bool {
+	cur := w.cur.Load()
+	return cur != nil && cur.narrowed
+}
