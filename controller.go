@@ -94,6 +94,9 @@ type Controller struct {
 	// is what it lists.
 	sweepRequests chan struct{}
 	namespace     string
+	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
+	// object (watch.keepFull).
+	onKopfFinalizer func()
 }
 
 // objectStore is what the controller reads of an informer's cache.
@@ -130,17 +133,18 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 	}
 	logger := klog.FromContext(ctx)
 	c := &Controller{
-		client:        client.Resource(uuidGVR),
-		sendStatus:    dynamicPatcher(client.Resource(uuidGVR)),
-		store:         informer.Informer().GetStore(),
-		synced:        informer.Informer().HasSynced,
-		recorder:      recorder,
-		metrics:       metrics,
-		newUUID:       uuid.New,
-		opts:          opts,
-		crd:           crd,
-		strays:        strays{keys: map[cache.ObjectName]struct{}{}},
-		sweepRequests: make(chan struct{}, 1),
+		client:          client.Resource(uuidGVR),
+		sendStatus:      dynamicPatcher(client.Resource(uuidGVR)),
+		store:           informer.Informer().GetStore(),
+		synced:          informer.Informer().HasSynced,
+		recorder:        recorder,
+		metrics:         metrics,
+		newUUID:         uuid.New,
+		opts:            opts,
+		crd:             crd,
+		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
+		sweepRequests:   make(chan struct{}, 1),
+		onKopfFinalizer: func() {},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
@@ -185,6 +189,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 func (c *Controller) useWatch(w *watch, namespace string) {
 	c.store, c.synced, c.namespace = w, w.HasSynced, namespace
 	w.onNarrowed = c.requestSweep
+	c.onKopfFinalizer = w.keepFull
 }
 
 // onUpdate queues the object unless the update is the informer returning

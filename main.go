@@ -117,6 +117,7 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 	w = newWatch(newInf, ctrl.attach, crd.Selectable, cfg.opts.RemoveKopfFinalizer, metrics.WatchNarrowed)
+	w.onWatchError = crd.Suspect
 	ctrl.useWatch(w, cfg.namespace)
 	statusClient, err := newStatusClient(restConfig)
 	if err != nil {

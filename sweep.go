@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/pager"
 	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
 // sweepPageSize is how many objects one page of a sweep holds: the sweep's
@@ -92,7 +95,9 @@ func (c *Controller) runSweeps(ctx context.Context) {
 
 // sweep pages through every object in c.namespace, sweepPageSize at a
 // time, and queues those whose status.uuid is set but is not a UUID.
+// The first object carrying kopf's finalizer calls onKopfFinalizer.
 func (c *Controller) sweep(ctx context.Context) (found, listed int, err error) {
+	kopfSeen := false
 	p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 		return c.client.Namespace(c.namespace).List(ctx, opts)
 	})
@@ -102,6 +107,10 @@ func (c *Controller) sweep(ctx context.Context) (found, listed int, err error) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
 			return nil
+		}
+		if slices.Contains(u.GetFinalizers(), kopf.Finalizer) && !kopfSeen {
+			kopfSeen = true
+			c.onKopfFinalizer()
 		}
 		if _, problem := existingUUID(u); problem != "" {
 			found++

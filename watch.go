@@ -55,9 +55,16 @@ type watch struct {
 	// forceFull keeps the full informer whatever the CRD allows (the kopf
 	// migration must see every object being deleted).
 	forceFull bool
+	// kopfSeen keeps it too once a sweep found kopf's finalizer on an
+	// object: its deletion would hang unseen by a narrowed watch.
+	kopfSeen atomic.Bool
 	// onNarrowed runs each time the narrowed informer is put in use, so
 	// what it cannot see (a status.uuid that is not a UUID) is looked for.
 	onNarrowed func()
+	// onWatchError runs when a list or watch fails: main's asks the CRD
+	// check to look again at once, since a narrowed list fails when the
+	// CRD loses the selectable field.
+	onWatchError func()
 	// changed wakes Run: the CRD check completed, or the watch failed.
 	changed chan struct{}
 	// narrowedGauge is uuid_controller_watch_narrowed.
@@ -78,7 +85,7 @@ type runningInformer struct {
 func newWatch(newInformer func(bool) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
 	modes watchModes, forceFull bool, gauge prometheus.Gauge) *watch {
 	return &watch{newInformer: newInformer, attach: attach, modes: modes, forceFull: forceFull,
-		changed: make(chan struct{}, 1), narrowedGauge: gauge, onNarrowed: func() {}}
+		changed: make(chan struct{}, 1), narrowedGauge: gauge, onNarrowed: func() {}, onWatchError: func() {}}
 }
 
 // Poke asks Run to look at the modes again: the CRD check completed, or a
@@ -91,9 +98,18 @@ func (w *watch) Poke() {
 	}
 }
 
+// keepFull switches to, and keeps, the full informer for the rest of the
+// process: objects carry kopf's finalizer, and a deletion held by it must
+// be seen (reported, or released with --remove-kopf-finalizer).
+func (w *watch) keepFull() {
+	if !w.kopfSeen.Swap(true) {
+		w.Poke()
+	}
+}
+
 // want is the informer the CRD allows now, and whether that is known.
 func (w *watch) want() (narrowed, known bool) {
-	if w.forceFull {
+	if w.forceFull || w.kopfSeen.Load() {
 		return false, true
 	}
 	return w.modes()
@@ -155,7 +171,7 @@ func (w *watch) start(ctx context.Context, narrowed bool) (*runningInformer, err
 	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		cache.DefaultWatchErrorHandler(ctx, r, err)
-		w.Poke()
+		w.onWatchError()
 	}); err != nil {
 		return nil, fmt.Errorf("setting the watch error handler: %w", err)
 	}
@@ -194,6 +210,11 @@ func (w *watch) report(logger klog.Logger, narrowed, switched bool) {
 	w.narrowedGauge.Set(0)
 	if w.forceFull {
 		logger.Info("Watching every Uuid object: --remove-kopf-finalizer must see each object being deleted", "switched", switched)
+		return
+	}
+	if w.kopfSeen.Load() {
+		logger.Info("Watching every Uuid object: some carry kopf's finalizer, so their deletion must be seen; "+
+			"the watch narrows at the next start once none does (docs/migrating-from-kopf.md)", "switched", switched)
 		return
 	}
 	logger.Info("Watching and caching every Uuid object: the served CRD does not declare status.uuid a selectable field "+

@@ -67,8 +67,66 @@ func (c *Cluster) apiserverProc() *process {
 // InstallCRD applies <repo root>/crd.yaml and waits until the CRD is
 // Established and NamesAccepted and its resource is in discovery. Start
 // calls it; a test that deleted or replaced the CRD calls it again.
+// With $UUID_WATCH=full it installs crd.yaml without its selectable
+// fields, as an apiserver before 1.31 serves it, so the controller runs its
+// fallback: the full informer (FullWatch).
 func (c *Cluster) InstallCRD(ctx context.Context) error {
+	path := filepath.Join(c.repoRoot, "crd.yaml")
+	if FullWatch() {
+		var err error
+		if path, err = c.withoutSelectableFields(path); err != nil {
+			return err
+		}
+	}
+	return c.InstallCRDFile(ctx, path)
+}
+
+// InstallCRDWithoutSelectableFields installs crd.yaml without its
+// selectable fields, as an apiserver before 1.31 serves it, whatever
+// $UUID_WATCH says.
+func (c *Cluster) InstallCRDWithoutSelectableFields(ctx context.Context) error {
+	path, err := c.withoutSelectableFields(filepath.Join(c.repoRoot, "crd.yaml"))
+	if err != nil {
+		return err
+	}
+	return c.InstallCRDFile(ctx, path)
+}
+
+// InstallCRDWithSelectableFields installs crd.yaml as it is, whatever
+// $UUID_WATCH says.
+func (c *Cluster) InstallCRDWithSelectableFields(ctx context.Context) error {
 	return c.InstallCRDFile(ctx, filepath.Join(c.repoRoot, "crd.yaml"))
+}
+
+// FullWatch tells whether $UUID_WATCH=full asks for the controller's
+// fallback, the full informer; else it runs narrowed, as crd.yaml allows.
+func FullWatch() bool { return os.Getenv("UUID_WATCH") == "full" }
+
+// withoutSelectableFields writes the CRD at path, without any version's
+// selectableFields, to the cluster's directory and returns its path.
+func (c *Cluster) withoutSelectableFields(path string) (string, error) {
+	objs, err := ReadObjects(path)
+	if err != nil {
+		return "", err
+	}
+	if len(objs) != 1 {
+		return "", fmt.Errorf("cluster: %s must hold exactly one CRD", path)
+	}
+	versions, _, _ := unstructured.NestedSlice(objs[0].Object, "spec", "versions")
+	for _, v := range versions {
+		if m, ok := v.(map[string]any); ok {
+			delete(m, "selectableFields")
+		}
+	}
+	if err := unstructured.SetNestedSlice(objs[0].Object, versions, "spec", "versions"); err != nil {
+		return "", err
+	}
+	b, err := objs[0].MarshalJSON()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(c.dir, "crd-full-watch.json")
+	return out, os.WriteFile(out, b, 0o644)
 }
 
 // InstallCRDFile is InstallCRD with another CRD of the same name, e.g. the
