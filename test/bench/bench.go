@@ -43,6 +43,14 @@ type Config struct {
 	// ControllerArgs are appended to the controller's flags (after
 	// --namespace), e.g. --workers=8.
 	ControllerArgs []string
+	// Existing objects with a UUID are created in a namespace of their own
+	// before anything is measured (preload.go); the controller then runs
+	// over every namespace, so its restarts list them too.
+	Existing int
+	// Modes are the watches measured, each over every N: "narrowed"
+	// (crd.yaml) and "full" (its fallback, crd.yaml without the selectable
+	// field). Default: the one $UUID_WATCH names.
+	Modes []string
 	// Command is shown in the report as how it was produced.
 	Command string
 	// Logger receives progress. Default: slog.Default().
@@ -93,6 +101,10 @@ type bench struct {
 	conc int
 	// cleanups run when the cluster has stopped.
 	cleanups []func()
+	// mode is the watch being measured; preloadTook how long -existing's
+	// creates took.
+	mode        string
+	preloadTook time.Duration
 }
 
 // Run builds the controller, starts a local cluster, warms it up, measures
@@ -119,7 +131,13 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	}
 
 	b.log.Info("starting the cluster")
-	if b.cluster, err = cluster.Start(ctx, cluster.Options{Logger: b.log}); err != nil {
+	opts := cluster.Options{Logger: b.log}
+	if cfg.Existing > 0 {
+		// etcd's default 2 GiB quota holds about a million objects with
+		// their history; 8 GiB leaves room for the cases after.
+		opts.ExtraEtcdArgs = []string{"--quota-backend-bytes=8589934592"}
+	}
+	if b.cluster, err = cluster.Start(ctx, opts); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -142,6 +160,11 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 		return nil, err
 	}
 
+	if cfg.Existing > 0 {
+		if err := b.preload(ctx); err != nil {
+			return nil, fmt.Errorf("preload: %w", err)
+		}
+	}
 	rep := newReport(cfg)
 	rep.Controller = version
 	rep.Server = fmt.Sprintf("kube-apiserver %s, etcd %s",
@@ -150,14 +173,24 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if err := b.warmup(ctx); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
-	for _, n := range cfg.Ns {
-		for _, c := range cfg.Concurrency {
-			b.conc = c
-			res, err := b.runN(ctx, n)
-			if err != nil {
-				return rep, fmt.Errorf("run at N=%d, %d creators: %w", n, c, err)
+	rep.PreloadTook = b.preloadTook
+	modes := cfg.Modes
+	if len(modes) == 0 {
+		modes = []string{currentMode()}
+	}
+	for _, mode := range modes {
+		if err := b.useMode(ctx, mode); err != nil {
+			return rep, err
+		}
+		for _, n := range cfg.Ns {
+			for _, c := range cfg.Concurrency {
+				b.conc = c
+				res, err := b.runN(ctx, n)
+				if err != nil {
+					return rep, fmt.Errorf("run at N=%d, %d creators, %s watch: %w", n, c, mode, err)
+				}
+				rep.Results = append(rep.Results, res)
 			}
-			rep.Results = append(rep.Results, res)
 		}
 	}
 	return rep, nil
@@ -197,10 +230,10 @@ func (b *bench) warmup(ctx context.Context) error {
 // burst, its restart and its idle latency, and the raw loop again, so the
 // controller is compared with the limit measured on both sides of it.
 func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
-	r := &Result{N: n, Concurrency: b.conc}
+	r := &Result{N: n, Concurrency: b.conc, Watch: b.mode, Existing: b.cfg.Existing}
 	var err error
 	if b.cfg.Raw {
-		if r.RawBefore, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-before-%d-c%d", n, b.conc), n); err != nil {
+		if r.RawBefore, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-before-%d-c%d-%s", n, b.conc, b.mode), n); err != nil {
 			return nil, fmt.Errorf("raw loop (before): %w", err)
 		}
 	}
@@ -210,7 +243,7 @@ func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
 	if !b.cfg.Raw {
 		return r, nil
 	}
-	if r.RawAfter, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-after-%d-c%d", n, b.conc), n); err != nil {
+	if r.RawAfter, err = b.rawCase(ctx, fmt.Sprintf("bench-raw-after-%d-c%d-%s", n, b.conc, b.mode), n); err != nil {
 		return nil, fmt.Errorf("raw loop (after): %w", err)
 	}
 	if raw := (r.RawBefore.PerSecond + r.RawAfter.PerSecond) / 2; raw > 0 {
@@ -236,4 +269,27 @@ func controllerVersion(ctx context.Context) string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// currentMode is the watch $UUID_WATCH asks for.
+func currentMode() string {
+	if cluster.FullWatch() {
+		return "full"
+	}
+	return "narrowed"
+}
+
+// useMode installs the CRD that gives the controller the watch mode asks
+// for: crd.yaml ("narrowed"), or crd.yaml without its selectable field
+// ("full").
+func (b *bench) useMode(ctx context.Context, mode string) error {
+	b.mode = mode
+	b.log.Info("watch", "mode", mode)
+	switch mode {
+	case "narrowed":
+		return b.cluster.InstallCRDWithSelectableFields(ctx)
+	case "full":
+		return b.cluster.InstallCRDWithoutSelectableFields(ctx)
+	}
+	return fmt.Errorf("unknown watch mode %q (narrowed or full)", mode)
 }

@@ -88,7 +88,7 @@ func (b *bench) rawCase(ctx context.Context, ns string, n int) (Throughput, erro
 // baseline), bursts n objects at it, then restarts it over the n finished
 // objects and measures idle latency with the restarted one.
 func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
-	ns := fmt.Sprintf("bench-ctrl-%d-c%d", n, b.conc)
+	ns := fmt.Sprintf("bench-ctrl-%d-c%d-%s", n, b.conc, b.mode)
 	if err := createNamespace(ctx, b.kube, ns); err != nil {
 		return err
 	}
@@ -231,6 +231,11 @@ func (b *bench) restart(ctx context.Context, ns string, r *Result) (*cluster.Con
 	if r.RestartCPU, err = processCPU(p.PID()); err != nil {
 		return p, err
 	}
+	if b.mode == "narrowed" {
+		if err := b.sweep(ctx, p, r); err != nil {
+			return p, fmt.Errorf("sweep: %w", err)
+		}
+	}
 	if err := sleep(ctx, b.cfg.Settle); err != nil {
 		return p, err
 	}
@@ -311,7 +316,7 @@ func (b *bench) startController(ctx context.Context, ns string, memLimit int64) 
 	p, err := cluster.StartController(ctx, cluster.ControllerOptions{
 		Binary:     binary,
 		Kubeconfig: b.kubeconfig,
-		Args:       append([]string{"--namespace", ns}, b.cfg.ControllerArgs...),
+		Args:       append(b.scope(ns), b.cfg.ControllerArgs...),
 	})
 	if err != nil {
 		return nil, err
@@ -412,4 +417,46 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// scope is the controller's --namespace: the case's namespace, or every
+// namespace when -existing objects must be in its restarts.
+func (b *bench) scope(ns string) []string {
+	if b.cfg.Existing > 0 {
+		return nil
+	}
+	return []string{"--namespace", ns}
+}
+
+// sweep waits for the restarted leader's first sweep (narrowed watch) and
+// records its time (the controller's metric), CPU (the process's CPU since
+// it was ready) and the peak RSS so far.
+func (b *bench) sweep(ctx context.Context, p *cluster.ControllerProcess, r *Result) error {
+	ctx, cancel := context.WithTimeout(ctx, caseTimeout(r.N+r.Existing))
+	defer cancel()
+	var text string
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if text, err = p.Metrics(ctx); err != nil {
+			return false, err
+		}
+		n, err := cluster.MetricSum(text, "uuid_controller_sweeps_total", func(l map[string]string) bool { return l["result"] == "ok" })
+		return n >= 1, err
+	})
+	if err != nil {
+		return err
+	}
+	if r.SweepSeconds, err = cluster.MetricSum(text, "uuid_controller_sweep_duration_seconds", nil); err != nil {
+		return err
+	}
+	cpu, err := processCPU(p.PID())
+	if err != nil {
+		return err
+	}
+	r.SweepCPU = cpu - r.RestartCPU
+	if r.SweepPeakRSS, err = p.PeakRSS(); err != nil {
+		return err
+	}
+	b.log.Info("sweep", "seconds", r.SweepSeconds, "cpu", r.SweepCPU, "peakRSS", r.SweepPeakRSS)
+	return nil
 }

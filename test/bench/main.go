@@ -73,6 +73,8 @@ func parseFlags(args []string) (Config, string, error) {
 	idleInterval := fs.Duration("idle-interval", 100*time.Millisecond, "Time between the idle case's creates.")
 	settle := fs.Duration("settle", 3*time.Second, "Wait after a case's last expected write before reading write counters.")
 	ctrlArgs := fs.String("controller-args", "", "Extra controller flags, space-separated (e.g. \"--workers=8\").")
+	existing := fs.Int("existing", 0, "Objects with a UUID created (one create each) before anything is measured; the controller then watches every namespace.")
+	modes := fs.String("modes", "", "Comma-separated watches to measure, each over every N: narrowed (crd.yaml), full (its fallback). Default: the one $UUID_WATCH names.")
 	out := fs.String("o", "", "Also write the Markdown report to this file.")
 	verbose := fs.Bool("v", false, "Log the cluster's own progress too.")
 	if err := fs.Parse(args); err != nil {
@@ -111,6 +113,8 @@ func parseFlags(args []string) (Config, string, error) {
 		IdleInterval:       *idleInterval,
 		Settle:             *settle,
 		ControllerArgs:     strings.Fields(*ctrlArgs),
+		Existing:           *existing,
+		Modes:              strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }),
 		Command:            "go run ./test/bench " + strings.Join(args, " "),
 		Logger:             benchLogger(level),
 	}
