@@ -178,8 +178,7 @@ demo: tools
 ##        BENCH_FLAGS overrides the defaults, e.g. make bench BENCH_FLAGS="-n 1000,10000,100000 -c 16"
 BENCH_FLAGS ?= -n 10000,100000
 bench: tools
-	go run ./test/bench $(BENCH_FLAGS)
-	UUID_WATCH=full go run ./test/bench $(BENCH_FLAGS)
+	go run ./test/bench -modes narrowed,full $(BENCH_FLAGS)
 
 ## ---- node (issue 11): a real single-node Kubernetes for test/node ----
 # The node's Kubernetes parts, v1.37.2 like the servers above. Without the
