@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/pager"
@@ -135,18 +136,22 @@ func (c *Controller) read(ctx context.Context, key cache.ObjectName) (*cachedUUI
 	return obj, err
 }
 
-// getStray reads a stray from the apiserver; NotFound once it is gone or
-// has a UUID, when it stops being a stray.
+// getStray reads a stray from the apiserver, by a list narrowed to its
+// name (the controller may list, not get); NotFound once it is gone or has
+// a UUID, when it stops being a stray.
 func (c *Controller) getStray(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
-	u, err := c.client.Namespace(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		c.strays.remove(key)
-		return nil, err
-	}
+	list, err := c.client.Namespace(key.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name).String(),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("reading %s, whose status.uuid is not a UUID: %w", key, err)
 	}
-	obj := toCached(u)
+	i := slices.IndexFunc(list.Items, func(u unstructured.Unstructured) bool { return u.GetName() == key.Name })
+	if i < 0 {
+		c.strays.remove(key)
+		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
+	}
+	obj := toCached(&list.Items[i])
 	if obj.hasUUID() {
 		c.strays.remove(key)
 	}

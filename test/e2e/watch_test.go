@@ -22,6 +22,9 @@ import (
 // (internal/crdcheck), and at once when a narrowed list fails.
 const crdSwitchWithin = 45 * time.Second
 
+// pendingSelector is the narrowed watch's field selector.
+const pendingSelector = "status.uuid="
+
 // metricWithin polls a controller metric until it equals want or timeout
 // passes, and returns the last value read.
 func metricWithin(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, name string, want float64, timeout time.Duration) float64 {
@@ -34,9 +37,10 @@ func metricWithin(ctx context.Context, t *testing.T, p *cluster.ControllerProces
 	return v
 }
 
-// controllerListsAndWatches returns, from the audit log, the field
-// selectors of the controller's lists and watches of Uuid objects in ns.
-func controllerListsAndWatches(t *testing.T, ns string) (lists, watches []string) {
+// controllerListsAndWatches returns, from the audit log, the queries of
+// the controller's lists and watches of Uuid objects in ns. A watch is
+// logged when it ends.
+func controllerListsAndWatches(t *testing.T, ns string) (lists, watches []url.Values) {
 	t.Helper()
 	for _, ev := range auditedEvents(t, ns, func(ev cluster.AuditEvent) bool {
 		return ev.User.Username == controllerUser && (ev.Verb == "list" || ev.Verb == "watch")
@@ -45,11 +49,10 @@ func controllerListsAndWatches(t *testing.T, ns string) (lists, watches []string
 		if err != nil {
 			t.Fatal(err)
 		}
-		sel := u.Query().Get("fieldSelector")
 		if ev.Verb == "list" {
-			lists = append(lists, sel)
+			lists = append(lists, u.Query())
 		} else {
-			watches = append(watches, sel)
+			watches = append(watches, u.Query())
 		}
 	}
 	return lists, watches
@@ -70,7 +73,7 @@ func TestWatchMode(t *testing.T) {
 	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "after", 5), 30*time.Second)
 
 	narrowed := !cluster.FullWatch()
-	want, wantSel, wantLog := 1.0, "status.uuid=", "Watching only the Uuid objects still waiting for a UUID"
+	want, wantSel, wantLog := 1.0, pendingSelector, "Watching only the Uuid objects still waiting for a UUID"
 	if !narrowed {
 		want, wantSel, wantLog = 0, "", "Watching and caching every Uuid object"
 	}
@@ -80,22 +83,41 @@ func TestWatchMode(t *testing.T) {
 	if !strings.Contains(p.Output(), wantLog) {
 		t.Errorf("the log does not say %q:\n%s", wantLog, p.Output())
 	}
-	lists, watches := controllerListsAndWatches(t, ns)
-	if len(lists) == 0 {
-		t.Fatal("the audit log has no list of Uuid objects by the controller")
-	}
-	for _, sel := range append(lists, watches...) {
-		if sel != wantSel {
-			t.Errorf("the controller listed or watched with fieldSelector %q, want %q (lists %q, watches %q)", sel, wantSel, lists, watches)
-			break
-		}
-	}
 	for name, codes := range auditedStatusPatchCodes(t, ns) {
 		if len(codes) != 1 || codes[0] != 200 {
 			t.Errorf("%s: status writes %v, want exactly one 200", name, codes)
 		}
 	}
 	mustStayRunning(t, p)
+	// The informer's requests are in the audit log once they end. It
+	// reads its initial state with a watch (client-go's watch-list); the
+	// narrowed leader's only lists are its sweep's, 500 objects a page.
+	if code := sigterm(t, p, 30*time.Second); code != 0 {
+		t.Errorf("exit code %d on SIGTERM", code)
+	}
+	lists, watches := controllerListsAndWatches(t, ns)
+	if len(watches)+len(lists) == 0 {
+		t.Fatal("the audit log has no list or watch of Uuid objects by the controller")
+	}
+	for _, q := range watches {
+		if got := q.Get("fieldSelector"); got != wantSel {
+			t.Errorf("the controller watched with fieldSelector %q, want %q (watches %v)", got, wantSel, watches)
+			break
+		}
+	}
+	sweeps := 0
+	for _, q := range lists {
+		switch {
+		case q.Get("fieldSelector") == wantSel:
+		case narrowed && q.Get("fieldSelector") == "" && q.Get("limit") == "500":
+			sweeps++
+		default:
+			t.Errorf("the controller listed with %v, want fieldSelector %q or the sweep's limit=500", q, wantSel)
+		}
+	}
+	if narrowed && sweeps == 0 {
+		t.Errorf("no sweep in the audit log: lists %v", lists)
+	}
 }
 
 // TestWatchFollowsTheCRD: a running controller follows the CRD both ways
