@@ -120,7 +120,7 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	ready := readiness(informer.Informer().HasSynced, checks...)
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
+	waitHealth, err := serveProbes(ctx, "health", cfg.healthAddr, healthHandler(ready))
 	if err != nil {
 		return err
 	}

@@ -72,5 +72,14 @@ func serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http
 	return httpserver.Serve(ctx, name, addr, tlsConfig, h)
 }
 
+// serveProbes is serve for the health server, with httpserver's probe
+// limits (httpserver.ServeProbes).
+func serveProbes(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
+	if !serverEnabled(addr) {
+		return func() {}, nil
+	}
+	return httpserver.ServeProbes(ctx, name, addr, h)
+}
+
 // serverEnabled is false for the addresses that turn a server off.
 func serverEnabled(addr string) bool { return addr != "" && addr != "0" }

@@ -13,9 +13,13 @@ import (
 // a listener that stops accepting, it never leaves a new client (the
 // kubelet's next probe) waiting behind connections that others hold open
 // from many addresses. Its track method is the http.Server's ConnState.
+// With evictBusy (the probe server's), the connection open longest goes
+// even with a request in progress: then no number of requests held in
+// flight (slow bodies, answers never read) can fill the server.
 type connCap struct {
-	max     int
-	evicted func() // called once per connection closed to make room
+	max       int
+	evictBusy bool
+	evicted   func() // called once per connection closed to make room
 
 	mu    sync.Mutex
 	conns map[net.Conn]connEntry
@@ -26,8 +30,8 @@ type connEntry struct {
 	since time.Time // when it entered state
 }
 
-func newConnCap(max int, evicted func()) *connCap {
-	return &connCap{max: max, evicted: evicted, conns: map[net.Conn]connEntry{}}
+func newConnCap(max int, evictBusy bool, evicted func()) *connCap {
+	return &connCap{max: max, evictBusy: evictBusy, evicted: evicted, conns: map[net.Conn]connEntry{}}
 }
 
 func (c *connCap) track(conn net.Conn, state http.ConnState) {
@@ -57,12 +61,14 @@ func (c *connCap) track(conn net.Conn, state http.ConnState) {
 }
 
 // longestWaiting is the new or idle connection, other than the one just
-// accepted, that has been so the longest; the one just accepted when every
-// other has a request in progress (those end within WriteTimeout).
+// accepted, that has been so the longest (with evictBusy, the connection
+// other than the one just accepted whose state is oldest, busy or not);
+// the one just accepted when every other has a request in progress (those
+// end within WriteTimeout).
 func (c *connCap) longestWaiting(accepted net.Conn) net.Conn {
 	victim, oldest := accepted, time.Time{}
 	for conn, e := range c.conns {
-		if conn == accepted || e.state == http.StateActive {
+		if conn == accepted || (e.state == http.StateActive && !c.evictBusy) {
 			continue
 		}
 		if oldest.IsZero() || e.since.Before(oldest) {

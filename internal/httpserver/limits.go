@@ -39,4 +39,9 @@ const (
 	// longest without a request in progress, so clients holding
 	// connections from many addresses cannot lock the probes out.
 	MaxConns = 1024
+	// ProbeTimeout bounds everything on the probe server (ServeProbes): the
+	// headers, the request, the answer. The kubelet's probe gives up after
+	// 1 s; a client that takes longer is not a probe, and its connection
+	// goes.
+	ProbeTimeout = 2 * time.Second
 )
