@@ -140,7 +140,7 @@ type (
 )
 
 func newDelegatedAuth(kube kubernetes.Interface, requests *prometheus.CounterVec) *delegatedAuth {
-	return newAuth(kube.AuthenticationV1().TokenReviews(), kube.AuthorizationV1().SubjectAccessReviews(), requests)
+	return newAuth(quietTokens{kube.AuthenticationV1().TokenReviews()}, quietAccess{kube.AuthorizationV1().SubjectAccessReviews()}, requests)
 }
 
 func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.CounterVec) *delegatedAuth {
