@@ -114,9 +114,9 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 	ctrl.useStatusClient(statusClient)
-	checks := []func() error{crd.Ready}
+	checks := []readyCheck{{"crd", crd.Ready}}
 	if ctrl.policy != nil {
-		checks = append(checks, ctrl.policy.Ready)
+		checks = append(checks, readyCheck{"kopf-migration-policy", ctrl.policy.Ready})
 	}
 	ready := readiness(informer.Informer().HasSynced, checks...)
 
