@@ -122,6 +122,12 @@ type errorLog struct {
 
 func (e errorLog) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
+	// A handler's panic is a bug of ours, not a client's noise: always
+	// logged, with its stack, never sampled away.
+	if strings.HasPrefix(msg, "http: panic serving") {
+		e.logger.Error(errors.New(msg), "HTTP handler panicked")
+		return len(p), nil
+	}
 	e.sampled.Do("http_error", func(unlogged map[string]int) {
 		e.logger.Info("HTTP server error", "error", msg, "notLogged", unlogged)
 	})

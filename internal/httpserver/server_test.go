@@ -134,6 +134,30 @@ func TestServeSamplesErrors(t *testing.T) {
 	}
 }
 
+// TestServeLogsEveryPanic: a handler's panics are each logged, even while
+// TLS handshake errors have spent the sampled log's burst.
+func TestServeLogsEveryPanic(t *testing.T) {
+	cert := httptest.NewTLSServer(http.NotFoundHandler())
+	cert.Close()
+	addr, logs := startServerWith(t, &tls.Config{Certificates: cert.TLS.Certificates}, defaultTimeouts, func(http.ResponseWriter, *http.Request) {
+		panic("a bug")
+	})
+	for range 10 { // plain HTTP to the TLS port: handshake errors
+		get(t, "127.0.0.1", addr, "")
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}}
+	for range 5 {
+		if resp, err := hc.Get("https://" + addr + "/"); err == nil {
+			resp.Body.Close()
+		}
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return matching(logs, "HTTP handler panicked") >= 5, nil
+	}); err != nil {
+		t.Errorf("%d of 5 panics logged after 10 TLS handshake errors, want every one", matching(logs, "HTTP handler panicked"))
+	}
+}
+
 // TestServeCapsTotal: with MaxConns connections held idle from many
 // addresses (none over the per-client cap), a new client is still
 // answered at once: the connection idle longest is closed to make room
