@@ -6,6 +6,8 @@ package metricsserver
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"errors"
@@ -127,7 +129,11 @@ type delegatedAuth struct {
 	requests *prometheus.CounterVec
 	// log samples the refusals' log lines.
 	log *httpserver.Sampled
-	now func() time.Time // tests replace it
+	// secret keys the caches' HMAC of each token: made at start and never
+	// stored, so a hash seen in a memory dump cannot be checked against a
+	// guessed token, as kube's cached token authenticator does.
+	secret []byte
+	now    func() time.Time // tests replace it
 }
 
 type (
@@ -157,6 +163,7 @@ func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.C
 		unknown:  rate.NewLimiter(unknownReviewQPS, unknownReviewBurst),
 		requests: requests,
 		log:      httpserver.NewSampled(),
+		secret:   newSecret(),
 		now:      time.Now,
 	}
 }
@@ -214,8 +221,10 @@ func forbiddenAnswer(user, verb, path string) answer {
 	return answer{http.StatusForbidden, "no_grant", fmt.Sprintf("Forbidden: user %q may not %s %s", user, verb, path)}
 }
 
-// answerKey caches an answer by a hash of the token (the token itself
-// stays out of memory dumps) with the verb and path it was asked for.
+// answerKey caches an answer by an HMAC of the token under the process's
+// secret (the token itself stays out of memory dumps, and its hash cannot
+// be matched to a guess without the secret) with the verb and path it was
+// asked for.
 type answerKey struct {
 	token      [sha256.Size]byte
 	verb, path string
@@ -229,7 +238,7 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 	if !ok {
 		return noTokenAnswer, nil
 	}
-	key := answerKey{sha256.Sum256([]byte(token)), strings.ToLower(r.Method), r.URL.Path}
+	key := answerKey{a.tokenHash(token), strings.ToLower(r.Method), r.URL.Path}
 	known := false
 	if v, ok := a.allowed.Get(key); ok {
 		if a.now().Sub(v.(time.Time)) < reviewCacheTTL {
@@ -265,6 +274,21 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 		return unavailableAnswer, err
 	}
 	return v.(answer), nil
+}
+
+// newSecret is 32 random bytes (crypto/rand.Read never fails).
+func newSecret() []byte {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// tokenHash is the HMAC-SHA256 of token under a's secret.
+func (a *delegatedAuth) tokenHash(token string) (sum [sha256.Size]byte) {
+	m := hmac.New(sha256.New, a.secret)
+	m.Write([]byte(token))
+	m.Sum(sum[:0])
+	return sum
 }
 
 // review asks the apiserver about token, then about its user's access. An

@@ -2,6 +2,7 @@ package metricsserver
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -331,5 +332,24 @@ func TestDelegatedAuthSamplesRefusalLogs(t *testing.T) {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the log does not mention %q:\n%s", want, logs)
 		}
+	}
+}
+
+// TestTokenHashIsKeyed: the caches key a token by an HMAC under a secret
+// of each process (here each delegatedAuth), not by its plain SHA-256: the
+// same token has one key in one process, another in the next, and neither
+// is its SHA-256.
+func TestTokenHashIsKeyed(t *testing.T) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "r"}, []string{"result", "reason"})
+	a, b := newAuth(nil, nil, requests), newAuth(nil, nil, requests)
+	const token = "a-token"
+	if a.tokenHash(token) != a.tokenHash(token) {
+		t.Error("one token has two keys in one process")
+	}
+	if a.tokenHash(token) == b.tokenHash(token) {
+		t.Error("one token has the same key in two processes: the secret is not per process")
+	}
+	if a.tokenHash(token) == sha256.Sum256([]byte(token)) {
+		t.Error("the key is the token's plain SHA-256")
 	}
 }
