@@ -38,7 +38,13 @@ type Config struct {
 	// Name is the self-signed certificate's host name when the host has
 	// none.
 	Name string
+	// TLSMinVersion is the oldest TLS version served: "1.3" (the default)
+	// or "1.2" (then with AEAD cipher suites only).
+	TLSMinVersion string
 }
+
+// tlsVersions are TLSMinVersion's values.
+var tlsVersions = map[string]uint16{"1.2": tls.VersionTLS12, "1.3": tls.VersionTLS13}
 
 // Validate lists what is wrong with c, in the flags' words.
 func (c Config) Validate() []error {
@@ -48,6 +54,9 @@ func (c Config) Validate() []error {
 	}
 	if !c.Secure && (c.CertFile != "" || c.KeyFile != "") {
 		errs = append(errs, errors.New("--metrics-cert-file and --metrics-key-file need --metrics-secure (they would be ignored on plain HTTP)"))
+	}
+	if _, ok := tlsVersions[c.TLSMinVersion]; !ok {
+		errs = append(errs, fmt.Errorf("--metrics-tls-min-version %q: want 1.2 or 1.3", c.TLSMinVersion))
 	}
 	return errs
 }
@@ -86,7 +95,7 @@ func Secure(ctx context.Context, c Config, restConfig *rest.Config, requests *pr
 		klog.FromContext(ctx).Info("Serving /metrics over plain HTTP without authentication (--metrics-secure=false)")
 		return h, nil, nil
 	}
-	cert, err := loadServingCert(c.CertFile, c.KeyFile, c.Name)
+	cert, err := loadServingCert(c.CertFile, c.KeyFile, c.Name, tlsVersions[c.TLSMinVersion])
 	if err != nil {
 		return nil, nil, err
 	}
