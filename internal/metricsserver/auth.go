@@ -12,8 +12,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +86,16 @@ const (
 	// tokens' reviews always find room.
 	unknownReviewQPS   = 5
 	unknownReviewBurst = 10
+	// clientReviewQPS and clientReviewBurst are each client address's
+	// share of that budget: one address flooding made-up tokens takes at
+	// most a fifth of it, so another's new token (a Prometheus whose token
+	// was just rotated) still finds room. The global budget still bounds
+	// many addresses together. clientLimiters holds the shares of the
+	// addresses seen in the last clientLimiterTTL, at most this many.
+	clientReviewQPS   = 1
+	clientReviewBurst = 2
+	clientLimiters    = 4096
+	clientLimiterTTL  = time.Minute
 )
 
 // Secure returns h behind delegated authentication and authorization and
@@ -132,8 +144,11 @@ type delegatedAuth struct {
 	allowed, refused *cache.LRUExpireCache
 	// flights coalesces concurrent reviews of one token, verb and path.
 	flights singleflight.Group
-	// unknown limits the reviews of tokens in neither cache.
-	unknown *rate.Limiter
+	// unknown limits the reviews of tokens in neither cache; clients
+	// holds each client address's share of it (*rate.Limiter by IP).
+	unknown   *rate.Limiter
+	clients   *cache.LRUExpireCache
+	clientsMu sync.Mutex // makes getting or adding a share atomic
 	// requests counts requests by result and reason.
 	requests *prometheus.CounterVec
 	// log samples the refusals' log lines.
@@ -170,6 +185,7 @@ func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.C
 		allowed:  cache.NewLRUExpireCache(allowedCacheSize),
 		refused:  cache.NewLRUExpireCache(refusedCacheSize),
 		unknown:  rate.NewLimiter(unknownReviewQPS, unknownReviewBurst),
+		clients:  cache.NewLRUExpireCache(clientLimiters),
 		requests: requests,
 		log:      httpserver.NewSampled(),
 		secret:   newSecret(),
@@ -261,7 +277,7 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 	// The review outlives a caller that goes away, for the others waiting
 	// on it; reviewTimeout bounds it.
 	v, err, _ := a.flights.Do(string(key.token[:])+" "+key.verb+" "+key.path, func() (any, error) {
-		if !known && !a.unknown.Allow() {
+		if !known && !a.allowUnknown(r) {
 			return rateLimitedAnswer, nil
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), reviewTimeout)
@@ -290,6 +306,26 @@ func newSecret() []byte {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	return b
+}
+
+// allowUnknown is whether a token in neither cache may be reviewed now:
+// within the client address's share, then within the global budget.
+func (a *delegatedAuth) allowUnknown(r *http.Request) bool {
+	ip := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(ip); err == nil {
+		ip = host
+	}
+	var limiter *rate.Limiter
+	a.clientsMu.Lock()
+	if v, ok := a.clients.Get(ip); ok {
+		limiter = v.(*rate.Limiter)
+	} else {
+		limiter = rate.NewLimiter(clientReviewQPS, clientReviewBurst)
+	}
+	a.clients.Add(ip, limiter, clientLimiterTTL)
+	a.clientsMu.Unlock()
+	now := a.now()
+	return limiter.AllowN(now, 1) && a.unknown.AllowN(now, 1)
 }
 
 // tokenHash is the HMAC-SHA256 of token under a's secret.
