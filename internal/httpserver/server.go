@@ -32,7 +32,7 @@ func Serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http
 // other Pods hold open, since a probe that fails restarts the Pod. A probe
 // is one request on a new connection, answered at once, so the server
 // keeps no connection alive, gives each ProbeTimeout for everything, and,
-// when MaxConns are open, closes the oldest to make room even if a request
+// when ProbeMaxConns are open, closes the oldest to make room even if a request
 // is in progress on it (a slow body, or an answer never read): no request
 // here legitimately takes longer than a probe's 1 s timeout.
 func ServeProbes(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
@@ -47,14 +47,16 @@ func ServeProbes(ctx context.Context, name, addr string, h http.Handler) (wait f
 // shorten them.
 type timeouts struct {
 	readHeader, read, write, idle time.Duration
+	// maxConns is the cap on the connections open from all clients.
+	maxConns int
 	// probes turns keep-alive off and lets a full server close a
 	// connection with a request in progress (ServeProbes).
 	probes bool
 }
 
 var (
-	defaultTimeouts = timeouts{readHeader: ReadHeaderTimeout, read: ReadTimeout, write: WriteTimeout, idle: IdleTimeout}
-	probeTimeouts   = timeouts{readHeader: ProbeTimeout, read: ProbeTimeout, write: ProbeTimeout, idle: ProbeTimeout, probes: true}
+	defaultTimeouts = timeouts{readHeader: ReadHeaderTimeout, read: ReadTimeout, write: WriteTimeout, idle: IdleTimeout, maxConns: MaxConns}
+	probeTimeouts   = timeouts{readHeader: ProbeTimeout, read: ProbeTimeout, write: ProbeTimeout, idle: ProbeTimeout, maxConns: ProbeMaxConns, probes: true}
 )
 
 // serveOn is Serve on a listener of the caller's.
@@ -71,9 +73,9 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 			logger.Info("Closed a connection over the per-client cap", "client", ip, "max", MaxConnsPerClient, "notLogged", unlogged)
 		})
 	})
-	total := newConnCap(MaxConns, to.probes, func() {
+	total := newConnCap(to.maxConns, to.probes, func() {
 		sampled.Do("over_total_cap", func(unlogged map[string]int) {
-			logger.Info("Closed the connection waiting longest to make room for a new one", "max", MaxConns, "notLogged", unlogged)
+			logger.Info("Closed the connection waiting longest to make room for a new one", "max", to.maxConns, "notLogged", unlogged)
 		})
 	})
 	if tlsConfig != nil {

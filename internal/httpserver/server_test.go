@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -228,8 +229,24 @@ func TestConnCapKeepsRequestsInProgress(t *testing.T) {
 
 // TestConnCapEvictsBusyForProbes: the probe server's cap closes the
 // connection open longest even with a request in progress, never the new
-// one, so requests held in flight cannot fill it.
+// one, so requests held in flight cannot fill it; and it takes it from the
+// address holding the most, so a client with one connection keeps it even
+// when that one is the oldest.
 func TestConnCapEvictsBusyForProbes(t *testing.T) {
+	t.Run("the address holding the most", func(t *testing.T) {
+		c := newConnCap(3, true, func() {})
+		probe := &fakeConn{addr: "127.0.0.9"}
+		a, b, n := &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.2"}
+		for _, conn := range []*fakeConn{probe, a, b} {
+			c.track(conn, http.StateNew)
+			c.track(conn, http.StateActive)
+		}
+		c.track(n, http.StateNew)
+		waitClosed(t, a, "the oldest connection of the address holding two")
+		if probe.isClosed() || b.isClosed() || n.isClosed() {
+			t.Errorf("probe closed %v, the flood's second %v, new %v; want none", probe.isClosed(), b.isClosed(), n.isClosed())
+		}
+	})
 	c := newConnCap(2, true, func() {})
 	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
 	for _, conn := range []*fakeConn{a, b} {
@@ -268,11 +285,17 @@ func (c *connCap) open() int {
 	return len(c.conns)
 }
 
-// fakeConn is a net.Conn that only records Close.
+// fakeConn is a net.Conn that only records Close and has a remote
+// address (127.0.0.1 unless addr is set).
 type fakeConn struct {
 	net.Conn
+	addr   string
 	mu     sync.Mutex
 	closed bool
+}
+
+func (f *fakeConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.ParseIP(cmp.Or(f.addr, "127.0.0.1")), Port: 1}
 }
 
 func (f *fakeConn) Close() error {

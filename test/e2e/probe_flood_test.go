@@ -45,8 +45,10 @@ func TestProbesUnderHeldRequests(t *testing.T) {
 		DisableKeepAlives: true,
 	}}
 	wait := every(probeCtx, 500*time.Millisecond, func() {
-		healthz.add(timedGet(probeCtx, probe, p.HealthURL()+"/healthz", ""))
-		readyz.add(timedGet(probeCtx, probe, p.HealthURL()+"/readyz", ""))
+		// ctx, not probeCtx: the last probe must not be cut off by the
+		// end of the 60 s.
+		healthz.add(timedGet(ctx, probe, p.HealthURL()+"/healthz", ""))
+		readyz.add(timedGet(ctx, probe, p.HealthURL()+"/readyz", ""))
 	})
 	<-probeCtx.Done()
 	wait()
