@@ -80,7 +80,7 @@ func (c *connCap) longestWaiting(accepted net.Conn) net.Conn {
 	}
 	victim, oldest := accepted, time.Time{}
 	for conn, e := range c.conns {
-		if conn == accepted || (e.state == http.StateActive && !c.evictBusy) {
+		if conn == accepted || e.state == http.StateActive {
 			continue
 		}
 		if oldest.IsZero() || e.since.Before(oldest) {
