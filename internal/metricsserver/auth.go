@@ -88,12 +88,13 @@ const (
 	unknownReviewBurst = 10
 	// clientReviewQPS and clientReviewBurst are each client address's
 	// share of that budget: one address flooding made-up tokens takes at
-	// most a fifth of it, so another's new token (a Prometheus whose token
+	// most a fifth of its rate (the burst lets one client try a few tokens
+	// at once, as TestMetricsAuth does from one address), so another's new token (a Prometheus whose token
 	// was just rotated) still finds room. The global budget still bounds
 	// many addresses together. clientLimiters holds the shares of the
 	// addresses seen in the last clientLimiterTTL, at most this many.
 	clientReviewQPS   = 1
-	clientReviewBurst = 2
+	clientReviewBurst = 5
 	clientLimiters    = 4096
 	clientLimiterTTL  = time.Minute
 )
