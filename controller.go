@@ -243,7 +243,8 @@ func needsWork(obj *cachedUUID) bool {
 
 // Run starts workers and blocks until ctx is cancelled. It then stops taking
 // work and waits, up to ShutdownTimeout, for in-flight reconciles to finish,
-// so a caller holding a lease can release it only after the last write.
+// then cancels those still running and waits for them to return, so a
+// caller holding a lease can release it only after the last write.
 // When ctx's cause is errLeaseLost, the reconciles in flight are cancelled
 // rather than waited for.
 func (c *Controller) Run(ctx context.Context, workers int) error {
@@ -289,7 +290,12 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	case <-done:
 		return nil
 	case <-time.After(c.opts.ShutdownTimeout):
-		return fmt.Errorf("workers still busy after %s", c.opts.ShutdownTimeout)
+		// Cancel the writes still in flight and wait for them to return:
+		// a caller holding a lease releases it only after the last write
+		// has returned or been cancelled, never while one may still land.
+		cancelWork()
+		<-done
+		return fmt.Errorf("workers still busy after %s; their writes were cancelled", c.opts.ShutdownTimeout)
 	}
 }
 

@@ -195,19 +195,26 @@ func TestRunFinishesInFlightWorkOnShutdown(t *testing.T) {
 	}
 }
 
+// TestRunShutdownIsBounded: a reconcile still running after
+// ShutdownTimeout is cancelled, and Run returns only once it has returned,
+// so the lease (released after Run) is never let go while a write may
+// still land.
 func TestRunShutdownIsBounded(t *testing.T) {
-	f := newFixture(t, Options{ShutdownTimeout: 50 * time.Millisecond})
+	f := newFixture(t, Options{ShutdownTimeout: 50 * time.Millisecond, SyncTimeout: time.Hour})
 	started := make(chan struct{})
-	release := make(chan struct{})
-	defer close(release)
-	f.ctrl.syncHandler = func(context.Context, cache.ObjectName) error {
+	var returned atomic.Bool
+	f.ctrl.syncHandler = func(ctx context.Context, _ cache.ObjectName) error {
 		close(started)
-		<-release
-		return nil
+		<-ctx.Done() // a write that only ends when cancelled
+		returned.Store(true)
+		return ctx.Err()
 	}
 	err := f.runUntilCancelled(key("ns", "stuck"), started, func() {})
 	if err == nil || !strings.Contains(err.Error(), "still busy") {
 		t.Errorf("Run = %v, want a 'still busy' error", err)
+	}
+	if !returned.Load() {
+		t.Error("Run returned after the shutdown timeout while a write was still in flight, want it cancelled and returned first")
 	}
 }
 

@@ -65,6 +65,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.BoolVar(&c.secureMetrics.Secure, "metrics-secure", true, "Serve /metrics over HTTPS, only to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on /metrics). false serves plain HTTP to anyone, for local development.")
 	fs.StringVar(&c.secureMetrics.CertFile, "metrics-cert-file", "", "PEM certificate (chain) for /metrics, re-read when it changes on disk. Default: a self-signed one made in memory at start.")
 	fs.StringVar(&c.secureMetrics.KeyFile, "metrics-key-file", "", "PEM private key of --metrics-cert-file.")
+	fs.StringVar(&c.secureMetrics.TLSMinVersion, "metrics-tls-min-version", "1.3", "Oldest TLS version /metrics serves: 1.3, or 1.2 for scrapers without 1.3 (then with ECDHE and AEAD cipher suites only).")
 	fs.StringVar(&c.eventLevel, "event-level", "Warning", "Lowest Kubernetes Event type posted on objects: Normal (every assignment) or Warning (failures only).")
 	fs.DurationVar(&c.opts.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "How long in-flight reconciles may run after SIGTERM before the process exits anyway.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader with a coordination.k8s.io Lease, so several replicas can run with one active.")

@@ -9,11 +9,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/testlog"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 )
 
 func parse(args ...string) (*config, error) {
@@ -80,21 +83,29 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
+// TestHealthHandler: /readyz names each failed check and withholds the
+// reason, which goes to the log.
 func TestHealthHandler(t *testing.T) {
-	ready := errors.New("informer cache not synced")
-	h := healthHandler(func() error { return ready })
+	failed := []notReady{{"informer-sync", errors.New("informer cache not synced")}, {"crd", errors.New("secret detail")}}
+	h := healthHandler(func() []notReady { return failed })
+	logger, logs := testlog.New(t, 0)
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil).WithContext(klog.NewContext(t.Context(), logger)))
 		return rec.Code, rec.Body.String()
 	}
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d", code)
 	}
-	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "informer cache not synced") {
-		t.Errorf("/readyz before sync = %d %q, want 503 with the reason", code, body)
+	code, body := get("/readyz")
+	want := "[-]informer-sync failed: reason withheld\n[-]crd failed: reason withheld\nreadyz check failed\n"
+	if code != http.StatusServiceUnavailable || body != want {
+		t.Errorf("/readyz not ready = %d %q, want 503 %q", code, body, want)
 	}
-	ready = nil
+	if out := logs.String(); !strings.Contains(out, "informer cache not synced") || !strings.Contains(out, "secret detail") {
+		t.Errorf("the log does not give the reasons:\n%s", out)
+	}
+	failed = nil
 	if code, _ := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after sync = %d, want 200", code)
 	}
@@ -110,20 +121,18 @@ func TestReadinessGivesEveryReason(t *testing.T) {
 		crd    error
 		want   []string
 	}{
-		{"not synced, CRD missing", false, crdErr, []string{"informer cache not synced", "not served", crdFix}},
-		{"not synced, CRD fits", false, nil, []string{"informer cache not synced"}},
-		{"synced, CRD wrong", true, crdErr, []string{"not served", crdFix}},
+		{"not synced, CRD missing", false, crdErr, []string{"informer-sync: informer cache not synced", "crd: " + crdErr.Error()}},
+		{"not synced, CRD fits", false, nil, []string{"informer-sync: informer cache not synced"}},
+		{"synced, CRD wrong", true, crdErr, []string{"crd: " + crdErr.Error()}},
 		{"ready", true, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := readiness(func() bool { return tc.synced }, func() error { return tc.crd })()
-			if (err == nil) != (tc.want == nil) {
-				t.Fatalf("readiness = %v, want an error: %v", err, tc.want != nil)
+			var got []string
+			for _, f := range readiness(func() bool { return tc.synced }, readyCheck{"crd", func() error { return tc.crd }})() {
+				got = append(got, f.name+": "+f.err.Error())
 			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("readiness = %q, does not say %q", err, w)
-				}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("readiness = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -17,10 +17,12 @@ import (
 // finalizer needs patch on the objects themselves, a grant only the
 // admission policy narrows; so with --remove-kopf-finalizer no finalizer
 // is removed until a dry run the policy must deny has been denied
-// (kopf.Probe): at start, and before the next removal after one failed.
-// While a probe is allowed, /readyz and uuid_controller_kopf_policy_bound
-// say so, the error is logged once, and the probe is repeated every few
-// seconds.
+// (kopf.Probe): at start, before the next removal after one failed, and
+// before any removal once the last proof is policyProofTTL old, so a policy
+// deleted, unbound or switched to Warn after start stops removals within
+// that long of the apiserver enforcing the change. While a probe is
+// allowed, /readyz and uuid_controller_kopf_policy_bound say so, the error
+// is logged once, and the probe is repeated every few seconds.
 type kopfPolicy struct {
 	// probe runs kopf.Probe on one object; a field so unit tests can
 	// replace the apiserver's admission.
@@ -30,10 +32,12 @@ type kopfPolicy struct {
 	// reprobe is how often a missing policy is probed again; a field so
 	// tests can shorten it.
 	reprobe time.Duration
+	now     func() time.Time // tests replace it
 
-	mu      sync.Mutex
-	proven  bool // a probe was denied, and no removal has failed since
-	missing bool // the last probe was allowed
+	mu       sync.Mutex
+	proven   bool      // a probe was denied, and no removal has failed since
+	provenAt time.Time // when that probe was denied
+	missing  bool      // the last probe was allowed
 }
 
 func newKopfPolicy(client dynamic.NamespaceableResourceInterface, bound prometheus.Gauge) *kopfPolicy {
@@ -43,6 +47,7 @@ func newKopfPolicy(client dynamic.NamespaceableResourceInterface, bound promethe
 		},
 		bound:   bound,
 		reprobe: policyReprobe,
+		now:     time.Now,
 	}
 }
 
@@ -53,13 +58,17 @@ func newKopfPolicy(client dynamic.NamespaceableResourceInterface, bound promethe
 // apply can beat).
 const policyReprobe = 5 * time.Second
 
+// policyProofTTL is how long a denied probe proves the policy: a removal
+// after that probes again first (one dry run, at most one every
+// policyProofTTL while objects are being deleted). It bounds how long
+// removals go on after the policy is deleted, its binding deleted, or its
+// validationActions set to Warn.
+const policyProofTTL = 3 * time.Second
+
 // prove returns nil once the policy is proven to bind the controller, else
 // probes it on the object namespace/name and returns why it is not.
 func (p *kopfPolicy) prove(ctx context.Context, namespace, name string) error {
-	p.mu.Lock()
-	proven := p.proven
-	p.mu.Unlock()
-	if proven {
+	if p.fresh() {
 		return nil
 	}
 	err := p.probe(ctx, namespace, name)
@@ -74,6 +83,9 @@ func (p *kopfPolicy) record(ctx context.Context, err error) {
 	p.mu.Lock()
 	wasMissing, wasProven := p.missing, p.proven
 	p.proven, p.missing = err == nil, missing
+	if err == nil {
+		p.provenAt = p.now()
+	}
 	p.mu.Unlock()
 	switch {
 	case err == nil:
@@ -89,6 +101,13 @@ func (p *kopfPolicy) record(ctx context.Context, err error) {
 	}
 	// Any other error proves nothing either way: what was known stands,
 	// and the caller reports the error.
+}
+
+// fresh is whether the policy was proven less than policyProofTTL ago.
+func (p *kopfPolicy) fresh() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proven && p.now().Sub(p.provenAt) < policyProofTTL
 }
 
 // forget makes the next removal prove the policy again: one just failed,
@@ -127,7 +146,9 @@ func (p *kopfPolicy) proveAtStart(ctx context.Context, objs []any) {
 }
 
 // reprobeWhileMissing probes again every p.reprobe while the last probe
-// was allowed, until ctx is cancelled.
+// was allowed or the proof is stale (so /readyz and the gauge follow a
+// policy removed after start even with no removal waiting), until ctx is
+// cancelled.
 func (p *kopfPolicy) reprobeWhileMissing(ctx context.Context, list func() []any) {
 	t := time.NewTicker(p.reprobe)
 	defer t.Stop()
@@ -137,7 +158,7 @@ func (p *kopfPolicy) reprobeWhileMissing(ctx context.Context, list func() []any)
 			return
 		case <-t.C:
 		}
-		if p.Ready() != nil {
+		if p.Ready() != nil || !p.fresh() {
 			p.proveAtStart(ctx, list())
 		}
 	}

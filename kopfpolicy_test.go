@@ -147,3 +147,30 @@ func TestKopfPolicyReprobedWhileMissing(t *testing.T) {
 		t.Errorf("still not ready 5 s after the policy was applied: %v", f.ctrl.policy.Ready())
 	}
 }
+
+// TestKopfPolicyProofExpires: a proof of the policy lasts policyProofTTL;
+// a removal after that probes again, and once the policy is gone (deleted,
+// unbound, or set to Warn: the dry run is allowed) removes nothing more.
+func TestKopfPolicyProofExpires(t *testing.T) {
+	var answer error
+	probes := 0
+	f := policyFixture(t, &answer, &probes)
+	now := time.Unix(1000, 0)
+	f.ctrl.policy.now = func() time.Time { return now }
+	p := f.ctrl.policy
+	if err := p.prove(f.ctx, "default", "deleting"); err != nil || probes != 1 {
+		t.Fatalf("first proof: %v after %d probes, want nil after 1", err, probes)
+	}
+	now = now.Add(policyProofTTL - time.Millisecond)
+	if err := p.prove(f.ctx, "default", "deleting"); err != nil || probes != 1 {
+		t.Errorf("within the proof's %s: %v after %d probes, want nil with no new probe", policyProofTTL, err, probes)
+	}
+	answer = kopf.ErrPolicyMissing // the policy deleted after start
+	now = now.Add(time.Millisecond)
+	if err := p.prove(f.ctx, "default", "deleting"); !errors.Is(err, kopf.ErrPolicyMissing) || probes != 2 {
+		t.Errorf("%s after the proof, the policy gone: %v after %d probes, want ErrPolicyMissing after a second probe", policyProofTTL, err, probes)
+	}
+	if err := p.Ready(); !errors.Is(err, kopf.ErrPolicyMissing) {
+		t.Errorf("Ready = %v once the policy is gone, want ErrPolicyMissing", err)
+	}
+}

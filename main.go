@@ -124,13 +124,13 @@ func run(ctx context.Context, cfg *config) error {
 		return err
 	}
 	ctrl.useStatusClient(statusClient)
-	checks := []func() error{crd.Ready}
+	checks := []readyCheck{{"crd", crd.Ready}}
 	if ctrl.policy != nil {
-		checks = append(checks, ctrl.policy.Ready)
+		checks = append(checks, readyCheck{"kopf-migration-policy", ctrl.policy.Ready})
 	}
 	ready := readiness(w.HasSynced, checks...)
 
-	waitHealth, err := serve(ctx, "health", cfg.healthAddr, nil, healthHandler(ready))
+	waitHealth, err := serveProbes(ctx, "health", cfg.healthAddr, healthHandler(ready))
 	if err != nil {
 		return err
 	}

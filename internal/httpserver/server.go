@@ -27,10 +27,37 @@ func Serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http
 	return serveOn(ctx, name, ln, tlsConfig, h, defaultTimeouts), nil
 }
 
-// timeouts are the http.Server's; tests shorten them.
-type timeouts struct{ readHeader, read, write, idle time.Duration }
+// ServeProbes is Serve for the kubelet's probes (/healthz, /readyz) over
+// plain HTTP, with limits of its own: the probes must be answered whatever
+// other Pods hold open, since a probe that fails restarts the Pod. A probe
+// is one request on a new connection, answered at once, so the server
+// keeps no connection alive, gives each ProbeTimeout for everything, and,
+// when ProbeMaxConns are open, closes the oldest to make room even if a request
+// is in progress on it (a slow body, or an answer never read): no request
+// here legitimately takes longer than a probe's 1 s timeout.
+func ServeProbes(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for %s on %q: %w", name, addr, err)
+	}
+	return serveOn(ctx, name, ln, nil, h, probeTimeouts), nil
+}
 
-var defaultTimeouts = timeouts{ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout}
+// timeouts are the http.Server's and how a full server makes room; tests
+// shorten them.
+type timeouts struct {
+	readHeader, read, write, idle time.Duration
+	// maxConns is the cap on the connections open from all clients.
+	maxConns int
+	// probes turns keep-alive off and lets a full server close a
+	// connection with a request in progress (ServeProbes).
+	probes bool
+}
+
+var (
+	defaultTimeouts = timeouts{readHeader: ReadHeaderTimeout, read: ReadTimeout, write: WriteTimeout, idle: IdleTimeout, maxConns: MaxConns}
+	probeTimeouts   = timeouts{readHeader: ProbeTimeout, read: ProbeTimeout, write: ProbeTimeout, idle: ProbeTimeout, maxConns: ProbeMaxConns, probes: true}
+)
 
 // serveOn is Serve on a listener of the caller's.
 func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.Config, h http.Handler, to timeouts) (wait func()) {
@@ -46,9 +73,9 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 			logger.Info("Closed a connection over the per-client cap", "client", ip, "max", MaxConnsPerClient, "notLogged", unlogged)
 		})
 	})
-	total := newConnCap(MaxConns, func() {
+	total := newConnCap(to.maxConns, to.probes, func() {
 		sampled.Do("over_total_cap", func(unlogged map[string]int) {
-			logger.Info("Closed the connection waiting longest to make room for a new one", "max", MaxConns, "notLogged", unlogged)
+			logger.Info("Closed the connection waiting longest to make room for a new one", "max", to.maxConns, "notLogged", unlogged)
 		})
 	})
 	if tlsConfig != nil {
@@ -69,6 +96,9 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 		// client's doing, one per connection: sampled, never one line each.
 		ErrorLog: log.New(errorLog{logger, sampled}, "", 0),
 	}
+	// A probe server answers one request per connection, so no client can
+	// keep a connection alive to hold a slot.
+	srv.SetKeepAlivesEnabled(!to.probes)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -94,6 +124,12 @@ type errorLog struct {
 
 func (e errorLog) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
+	// A handler's panic is a bug of ours, not a client's noise: always
+	// logged, with its stack, never sampled away.
+	if strings.HasPrefix(msg, "http: panic serving") {
+		e.logger.Error(errors.New(msg), "HTTP handler panicked")
+		return len(p), nil
+	}
 	e.sampled.Do("http_error", func(unlogged map[string]int) {
 		e.logger.Info("HTTP server error", "error", msg, "notLogged", unlogged)
 	})

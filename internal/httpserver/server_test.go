@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/demo-operator/uuid-controller/internal/testflood"
 	"github.com/demo-operator/uuid-controller/internal/testlog"
 )
 
@@ -133,6 +135,30 @@ func TestServeSamplesErrors(t *testing.T) {
 	}
 }
 
+// TestServeLogsEveryPanic: a handler's panics are each logged, even while
+// TLS handshake errors have spent the sampled log's burst.
+func TestServeLogsEveryPanic(t *testing.T) {
+	cert := httptest.NewTLSServer(http.NotFoundHandler())
+	cert.Close()
+	addr, logs := startServerWith(t, &tls.Config{Certificates: cert.TLS.Certificates}, defaultTimeouts, func(http.ResponseWriter, *http.Request) {
+		panic("a bug")
+	})
+	for range 10 { // plain HTTP to the TLS port: handshake errors
+		get(t, "127.0.0.1", addr, "")
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}}
+	for range 5 {
+		if resp, err := hc.Get("https://" + addr + "/"); err == nil {
+			resp.Body.Close()
+		}
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return matching(logs, "HTTP handler panicked") >= 5, nil
+	}); err != nil {
+		t.Errorf("%d of 5 panics logged after 10 TLS handshake errors, want every one", matching(logs, "HTTP handler panicked"))
+	}
+}
+
 // TestServeCapsTotal: with MaxConns connections held idle from many
 // addresses (none over the per-client cap), a new client is still
 // answered at once: the connection idle longest is closed to make room
@@ -173,7 +199,7 @@ func TestServeCapsTotal(t *testing.T) {
 // in progress are closed to make room; with none, the new one goes.
 func TestConnCapKeepsRequestsInProgress(t *testing.T) {
 	evicted := 0
-	c := newConnCap(2, func() { evicted++ })
+	c := newConnCap(2, false, func() { evicted++ })
 	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
 	c.track(a, http.StateNew)
 	c.track(a, http.StateActive)
@@ -201,6 +227,57 @@ func TestConnCapKeepsRequestsInProgress(t *testing.T) {
 	}
 }
 
+// TestConnCapEvictsBusyForProbes: the probe server's cap closes the
+// connection open longest even with a request in progress, never the new
+// one, so requests held in flight cannot fill it; and it takes it from the
+// address holding the most, so a client with one connection keeps it even
+// when that one is the oldest.
+func TestConnCapEvictsBusyForProbes(t *testing.T) {
+	t.Run("the address holding the most", func(t *testing.T) {
+		c := newConnCap(3, true, func() {})
+		probe := &fakeConn{addr: "127.0.0.9"}
+		a, b, n := &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.2"}
+		for _, conn := range []*fakeConn{probe, a, b} {
+			c.track(conn, http.StateNew)
+			c.track(conn, http.StateActive)
+		}
+		c.track(n, http.StateNew)
+		waitClosed(t, a, "the oldest connection of the address holding two")
+		if probe.isClosed() || b.isClosed() || n.isClosed() {
+			t.Errorf("probe closed %v, the flood's second %v, new %v; want none", probe.isClosed(), b.isClosed(), n.isClosed())
+		}
+	})
+	c := newConnCap(2, true, func() {})
+	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
+	for _, conn := range []*fakeConn{a, b} {
+		c.track(conn, http.StateNew)
+		c.track(conn, http.StateActive)
+	}
+	c.track(n, http.StateNew)
+	waitClosed(t, a, "the oldest connection, busy")
+	if n.isClosed() || b.isClosed() || c.open() != 2 {
+		t.Errorf("new closed %v, second busy closed %v, open %d; want false, false, 2", n.isClosed(), b.isClosed(), c.open())
+	}
+}
+
+// TestServeProbesOneRequestPerConnection: the probe server answers one
+// request per connection and closes it (no keep-alive), so a client
+// cannot hold a connection by pipelining requests.
+func TestServeProbesOneRequestPerConnection(t *testing.T) {
+	addr, _ := startServerWith(t, nil, probeTimeouts, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	c := dialFrom(t, "127.0.0.1", addr)
+	fmt.Fprint(c, strings.Repeat("GET / HTTP/1.1\r\nHost: test\r\n\r\n", 2))
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := http.ReadResponse(r, nil); err == nil {
+		t.Error("a second pipelined request on one connection was answered, want the connection closed after the first")
+	}
+}
+
 // open is how many connections c holds.
 func (c *connCap) open() int {
 	c.mu.Lock()
@@ -208,11 +285,17 @@ func (c *connCap) open() int {
 	return len(c.conns)
 }
 
-// fakeConn is a net.Conn that only records Close.
+// fakeConn is a net.Conn that only records Close and has a remote
+// address (127.0.0.1 unless addr is set).
 type fakeConn struct {
 	net.Conn
+	addr   string
 	mu     sync.Mutex
 	closed bool
+}
+
+func (f *fakeConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.ParseIP(cmp.Or(f.addr, "127.0.0.1")), Port: 1}
 }
 
 func (f *fakeConn) Close() error {
@@ -276,5 +359,72 @@ func TestServeTimeouts(t *testing.T) {
 	fmt.Fprint(slow, "GET /slow HTTP/1.1\r\nHost: test\r\n\r\n")
 	if _, err := http.ReadResponse(bufio.NewReader(slow), nil); err == nil {
 		t.Error("a handler slower than the write timeout: its answer arrived, want the connection closed without one")
+	}
+}
+
+// TestServeProbesUnderHeldRequests: 1,100 connections from 35 addresses
+// (none over the per-client cap), each holding a request in flight (slow
+// headers, a slow body, or pipelined requests whose answers are never
+// read, made again whenever the server closes one), fill the probe
+// server; meanwhile /healthz and /readyz from another address, on a new
+// connection each as the kubelet's, are answered within 1 s every time.
+// The 60 s run against the controller, with its memory, is e2e's
+// TestProbesUnderHeldRequests.
+func TestServeProbesUnderHeldRequests(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, _ := testlog.New(t, 0)
+	stop := serveOn(klog.NewContext(t.Context(), logger), "health", ln, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }), probeTimeouts)
+	t.Cleanup(stop)
+	addr := ln.Addr().String()
+
+	var from []net.IP
+	for i := range 35 {
+		from = append(from, net.IPv4(127, 0, 1, byte(1+i)))
+	}
+	// Mostly requests that net/http counts in progress (StateActive), which
+	// Serve's cap never closes to make room, and some slow headers.
+	kinds := []testflood.Kind{testflood.SlowHeaders}
+	for range 9 {
+		kinds = append(kinds, testflood.SlowBody, testflood.Pipelined)
+	}
+	flood := testflood.Start(t.Context(), addr, "/healthz", from, 1100, kinds...)
+	defer flood.Stop()
+	// The flood is in place once its connections have all been made.
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return flood.Dials.Load() >= 1100, nil
+	}); err != nil {
+		t.Fatalf("the flood made %d of 1,100 connections in 30 s", flood.Dials.Load())
+	}
+
+	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}}).DialContext,
+		DisableKeepAlives: true,
+	}}
+	var failed []string
+	var slowest time.Duration
+	probes := 0
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			start := time.Now()
+			resp, err := probe.Get("http://" + addr + path)
+			took := time.Since(start)
+			slowest = max(slowest, took)
+			probes++
+			if err != nil {
+				failed = append(failed, err.Error())
+				continue
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				failed = append(failed, resp.Status)
+			}
+		}
+	}
+	t.Logf("%d probes, slowest %s; the flood made %d connections, the server closed %d", probes, slowest, flood.Dials.Load(), flood.Closed.Load())
+	if len(failed) > 0 {
+		t.Errorf("%d of %d probes failed with 1,100 requests held in flight from 35 addresses, first: %s", len(failed), probes, failed[0])
 	}
 }

@@ -6,12 +6,16 @@ package metricsserver
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +40,13 @@ type Config struct {
 	// Name is the self-signed certificate's host name when the host has
 	// none.
 	Name string
+	// TLSMinVersion is the oldest TLS version served: "1.3" (the default)
+	// or "1.2" (then with AEAD cipher suites only).
+	TLSMinVersion string
 }
+
+// tlsVersions are TLSMinVersion's values.
+var tlsVersions = map[string]uint16{"1.2": tls.VersionTLS12, "1.3": tls.VersionTLS13}
 
 // Validate lists what is wrong with c, in the flags' words.
 func (c Config) Validate() []error {
@@ -46,6 +56,9 @@ func (c Config) Validate() []error {
 	}
 	if !c.Secure && (c.CertFile != "" || c.KeyFile != "") {
 		errs = append(errs, errors.New("--metrics-cert-file and --metrics-key-file need --metrics-secure (they would be ignored on plain HTTP)"))
+	}
+	if _, ok := tlsVersions[c.TLSMinVersion]; !ok {
+		errs = append(errs, fmt.Errorf("--metrics-tls-min-version %q: want 1.2 or 1.3", c.TLSMinVersion))
 	}
 	return errs
 }
@@ -73,6 +86,17 @@ const (
 	// tokens' reviews always find room.
 	unknownReviewQPS   = 5
 	unknownReviewBurst = 10
+	// clientReviewQPS and clientReviewBurst are each client address's
+	// share of that budget: one address flooding made-up tokens takes at
+	// most a fifth of its rate (the burst lets one client try a few tokens
+	// at once, as TestMetricsAuth does from one address), so another's new token (a Prometheus whose token
+	// was just rotated) still finds room. The global budget still bounds
+	// many addresses together. clientLimiters holds the shares of the
+	// addresses seen in the last clientLimiterTTL, at most this many.
+	clientReviewQPS   = 1
+	clientReviewBurst = 5
+	clientLimiters    = 4096
+	clientLimiterTTL  = time.Minute
 )
 
 // Secure returns h behind delegated authentication and authorization and
@@ -84,7 +108,7 @@ func Secure(ctx context.Context, c Config, restConfig *rest.Config, requests *pr
 		klog.FromContext(ctx).Info("Serving /metrics over plain HTTP without authentication (--metrics-secure=false)")
 		return h, nil, nil
 	}
-	cert, err := loadServingCert(c.CertFile, c.KeyFile, c.Name)
+	cert, err := loadServingCert(c.CertFile, c.KeyFile, c.Name, tlsVersions[c.TLSMinVersion])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -121,13 +145,20 @@ type delegatedAuth struct {
 	allowed, refused *cache.LRUExpireCache
 	// flights coalesces concurrent reviews of one token, verb and path.
 	flights singleflight.Group
-	// unknown limits the reviews of tokens in neither cache.
-	unknown *rate.Limiter
+	// unknown limits the reviews of tokens in neither cache; clients
+	// holds each client address's share of it (*rate.Limiter by IP).
+	unknown   *rate.Limiter
+	clients   *cache.LRUExpireCache
+	clientsMu sync.Mutex // makes getting or adding a share atomic
 	// requests counts requests by result and reason.
 	requests *prometheus.CounterVec
 	// log samples the refusals' log lines.
 	log *httpserver.Sampled
-	now func() time.Time // tests replace it
+	// secret keys the caches' HMAC of each token: made at start and never
+	// stored, so a hash seen in a memory dump cannot be checked against a
+	// guessed token, as kube's cached token authenticator does.
+	secret []byte
+	now    func() time.Time // tests replace it
 }
 
 type (
@@ -140,7 +171,7 @@ type (
 )
 
 func newDelegatedAuth(kube kubernetes.Interface, requests *prometheus.CounterVec) *delegatedAuth {
-	return newAuth(kube.AuthenticationV1().TokenReviews(), kube.AuthorizationV1().SubjectAccessReviews(), requests)
+	return newAuth(quietTokens{kube.AuthenticationV1().TokenReviews()}, quietAccess{kube.AuthorizationV1().SubjectAccessReviews()}, requests)
 }
 
 func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.CounterVec) *delegatedAuth {
@@ -155,8 +186,10 @@ func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.C
 		allowed:  cache.NewLRUExpireCache(allowedCacheSize),
 		refused:  cache.NewLRUExpireCache(refusedCacheSize),
 		unknown:  rate.NewLimiter(unknownReviewQPS, unknownReviewBurst),
+		clients:  cache.NewLRUExpireCache(clientLimiters),
 		requests: requests,
 		log:      httpserver.NewSampled(),
+		secret:   newSecret(),
 		now:      time.Now,
 	}
 }
@@ -214,8 +247,10 @@ func forbiddenAnswer(user, verb, path string) answer {
 	return answer{http.StatusForbidden, "no_grant", fmt.Sprintf("Forbidden: user %q may not %s %s", user, verb, path)}
 }
 
-// answerKey caches an answer by a hash of the token (the token itself
-// stays out of memory dumps) with the verb and path it was asked for.
+// answerKey caches an answer by an HMAC of the token under the process's
+// secret (the token itself stays out of memory dumps, and its hash cannot
+// be matched to a guess without the secret) with the verb and path it was
+// asked for.
 type answerKey struct {
 	token      [sha256.Size]byte
 	verb, path string
@@ -229,7 +264,7 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 	if !ok {
 		return noTokenAnswer, nil
 	}
-	key := answerKey{sha256.Sum256([]byte(token)), strings.ToLower(r.Method), r.URL.Path}
+	key := answerKey{a.tokenHash(token), strings.ToLower(r.Method), r.URL.Path}
 	known := false
 	if v, ok := a.allowed.Get(key); ok {
 		if a.now().Sub(v.(time.Time)) < reviewCacheTTL {
@@ -243,7 +278,7 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 	// The review outlives a caller that goes away, for the others waiting
 	// on it; reviewTimeout bounds it.
 	v, err, _ := a.flights.Do(string(key.token[:])+" "+key.verb+" "+key.path, func() (any, error) {
-		if !known && !a.unknown.Allow() {
+		if !known && !a.allowUnknown(r) {
 			return rateLimitedAnswer, nil
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), reviewTimeout)
@@ -265,6 +300,41 @@ func (a *delegatedAuth) check(r *http.Request) (answer, error) {
 		return unavailableAnswer, err
 	}
 	return v.(answer), nil
+}
+
+// newSecret is 32 random bytes (crypto/rand.Read never fails).
+func newSecret() []byte {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// allowUnknown is whether a token in neither cache may be reviewed now:
+// within the client address's share, then within the global budget.
+func (a *delegatedAuth) allowUnknown(r *http.Request) bool {
+	ip := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(ip); err == nil {
+		ip = host
+	}
+	var limiter *rate.Limiter
+	a.clientsMu.Lock()
+	if v, ok := a.clients.Get(ip); ok {
+		limiter = v.(*rate.Limiter)
+	} else {
+		limiter = rate.NewLimiter(clientReviewQPS, clientReviewBurst)
+	}
+	a.clients.Add(ip, limiter, clientLimiterTTL)
+	a.clientsMu.Unlock()
+	now := a.now()
+	return limiter.AllowN(now, 1) && a.unknown.AllowN(now, 1)
+}
+
+// tokenHash is the HMAC-SHA256 of token under a's secret.
+func (a *delegatedAuth) tokenHash(token string) (sum [sha256.Size]byte) {
+	m := hmac.New(sha256.New, a.secret)
+	m.Write([]byte(token))
+	m.Sum(sum[:0])
+	return sum
 }
 
 // review asks the apiserver about token, then about its user's access. An

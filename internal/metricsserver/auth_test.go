@@ -2,13 +2,16 @@ package metricsserver
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,8 +85,19 @@ func newTestAuth(r *reviewer) *delegatedAuth {
 	return newAuth(tokenReviews{r}, accessReviews{r}, newRequests())
 }
 
+// scrape sends one request from an address of its own, so tests of other
+// limits stay within each address's share of the review budget.
 func scrape(h http.Handler, authorization string) *httptest.ResponseRecorder {
+	n := scrapes.Add(1)
+	return scrapeFrom(h, net.IPv4(10, byte(n>>16), byte(n>>8), byte(n)).String(), authorization)
+}
+
+var scrapes atomic.Int64
+
+// scrapeFrom sends one request from ip.
+func scrapeFrom(h http.Handler, ip, authorization string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.RemoteAddr = net.JoinHostPort(ip, "1234")
 	if authorization != "" {
 		req.Header.Set("Authorization", authorization)
 	}
@@ -331,5 +345,70 @@ func TestDelegatedAuthSamplesRefusalLogs(t *testing.T) {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the log does not mention %q:\n%s", want, logs)
 		}
+	}
+}
+
+// TestTokenHashIsKeyed: the caches key a token by an HMAC under a secret
+// of each process (here each delegatedAuth), not by its plain SHA-256: the
+// same token has one key in one process, another in the next, and neither
+// is its SHA-256.
+func TestTokenHashIsKeyed(t *testing.T) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "r"}, []string{"result", "reason"})
+	a, b := newAuth(nil, nil, requests), newAuth(nil, nil, requests)
+	const token = "a-token"
+	if a.tokenHash(token) != a.tokenHash(token) {
+		t.Error("one token has two keys in one process")
+	}
+	if a.tokenHash(token) == b.tokenHash(token) {
+		t.Error("one token has the same key in two processes: the secret is not per process")
+	}
+	if a.tokenHash(token) == sha256.Sum256([]byte(token)) {
+		t.Error("the key is the token's plain SHA-256")
+	}
+}
+
+// TestDelegatedAuthShareOfReviewsPerClient: one address flooding made-up
+// tokens (100 a second) gets at most its share of reviews, and another
+// address's new token (a Prometheus whose token was just rotated,
+// retrying each second) is served within 10 s. 400 addresses flooding
+// together get no more reviews a second than the global budget.
+func TestDelegatedAuthShareOfReviewsPerClient(t *testing.T) {
+	r := &reviewer{users: map[string]string{"t-rotated": "reader"}, allowed: map[string]bool{"reader": true}}
+	a := newTestAuth(r)
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	h := a.wrap(http.NotFoundHandler())
+	made := 0
+	servedAfter := -1
+	for second := range 10 {
+		for range 100 {
+			made++
+			scrapeFrom(h, "10.0.0.2", fmt.Sprintf("Bearer made-up-%d", made))
+		}
+		if rec := scrapeFrom(h, "10.0.0.1", "Bearer t-rotated"); rec.Code == http.StatusNotFound {
+			servedAfter = second
+			break
+		}
+		now = now.Add(time.Second)
+	}
+	if servedAfter < 0 {
+		t.Fatalf("a new token from another address was refused for 10 s while one address flooded (%d reviews)", r.reviews())
+	}
+	t.Logf("the rotated token was served in second %d of the flood", servedAfter)
+
+	// 400 addresses, 10 s of made-up tokens at 5 each a second.
+	now = now.Add(time.Minute)
+	before := r.reviews()
+	for range 10 {
+		now = now.Add(time.Second)
+		for i := range 400 {
+			for range 5 {
+				made++
+				scrapeFrom(h, fmt.Sprintf("10.1.%d.%d", i/250, i%250), fmt.Sprintf("Bearer made-up-%d", made))
+			}
+		}
+	}
+	if n, most := r.reviews()-before, unknownReviewBurst+10*unknownReviewQPS; n > most {
+		t.Errorf("400 addresses got %d token reviews in 10 s, want at most %d (the global budget)", n, most)
 	}
 }

@@ -29,13 +29,28 @@ type servingCert struct {
 	// files is nil for the self-signed certificate, which never changes.
 	files *dynamiccertificates.DynamicCertKeyPairContent
 	tls   *dynamiccertificates.DynamicServingCertificateController
+	// minVersion is the oldest TLS version served (--metrics-tls-min-version).
+	minVersion uint16
+}
+
+// aeadSuites are the TLS 1.2 cipher suites served when
+// --metrics-tls-min-version=1.2: ECDHE with an AEAD cipher only, for ECDSA
+// (the self-signed certificate) and RSA keys. TLS 1.3's suites are all
+// AEAD and not configurable.
+var aeadSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 }
 
 // loadServingCert reads certFile and keyFile, or makes a self-signed
 // certificate when both are empty. An unreadable file or a key that does
 // not match the certificate is an error here, at start-up.
-func loadServingCert(certFile, keyFile, fallbackHost string) (*servingCert, error) {
-	s := &servingCert{}
+func loadServingCert(certFile, keyFile, fallbackHost string, minVersion uint16) (*servingCert, error) {
+	s := &servingCert{minVersion: minVersion}
 	var content dynamiccertificates.CertKeyContentProvider
 	if certFile == "" && keyFile == "" {
 		selfSigned, err := selfSignedCert(fallbackHost)
@@ -53,7 +68,7 @@ func loadServingCert(certFile, keyFile, fallbackHost string) (*servingCert, erro
 	// HTTP/1.1 only: a scrape gains nothing from HTTP/2, and leaving it out
 	// closes HTTP/2's denial-of-service issues (rapid reset), as
 	// controller-runtime's metrics server does by default.
-	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+	base := &tls.Config{MinVersion: minVersion, CipherSuites: aeadSuites, NextProtos: []string{"http/1.1"}}
 	s.tls = dynamiccertificates.NewDynamicServingCertificateController(base, nil, content, nil, nil)
 	content.AddListener(s.tls)
 	if err := s.tls.RunOnce(); err != nil {
@@ -116,5 +131,5 @@ func (s *servingCert) run(ctx context.Context) {
 
 // tlsConfig serves whichever certificate is current at each handshake.
 func (s *servingCert) tlsConfig() *tls.Config {
-	return &tls.Config{GetConfigForClient: s.tls.GetConfigForClient, MinVersion: tls.VersionTLS12}
+	return &tls.Config{GetConfigForClient: s.tls.GetConfigForClient, MinVersion: s.minVersion, CipherSuites: aeadSuites}
 }

@@ -283,3 +283,32 @@ func args(t *testing.T, d *unstructured.Unstructured) []string {
 	}
 	return a
 }
+
+// TestChartLeaseGrantByName: the leader-election Role grants get and
+// update on the controller's Lease by name only, and create (which RBAC
+// cannot limit by name) in a rule of its own; deploy/ matches it
+// (TestChartMatchesKustomize).
+func TestChartLeaseGrantByName(t *testing.T) {
+	objs := byKey(t, render(t))
+	var role *unstructured.Unstructured
+	for k, o := range objs {
+		if o.GetKind() == "Role" && strings.HasSuffix(o.GetName(), "-leader-election") {
+			role = objs[k]
+		}
+	}
+	if role == nil {
+		t.Fatal("no leader-election Role rendered")
+	}
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	var got []string
+	for _, r := range rules {
+		rule := r.(map[string]any)
+		names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+		verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+		got = append(got, fmt.Sprintf("%v on %v", verbs, names))
+	}
+	want := []string{"[get update] on [uuid-controller]", "[create] on []"}
+	if !slices.Equal(got, want) {
+		t.Errorf("leader-election Role rules: %q, want %q", got, want)
+	}
+}

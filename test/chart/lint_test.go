@@ -63,6 +63,42 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"monitoring.enabled needs metrics.secure: true"}},
 		{"two replicas without leader election", []string{"--set", "leaderElection.enabled=false"},
 			[]string{"replicas: 2 needs leaderElection.enabled: true"}},
+		// Anything the schema accepts renders a Pod that passes the
+		// restricted Pod Security Standard: each way out is refused.
+		{"pod may run as root", []string{"--set", "podSecurityContext.runAsNonRoot=false"},
+			[]string{"/podSecurityContext/runAsNonRoot"}},
+		{"pod as uid 0", []string{"--set", "podSecurityContext.runAsUser=0"},
+			[]string{"/podSecurityContext/runAsUser"}},
+		{"pod seccomp unconfined", []string{"--set", "podSecurityContext.seccompProfile.type=Unconfined"},
+			[]string{"/podSecurityContext/seccompProfile/type"}},
+		{"pod security context dropped", []string{"--set", "podSecurityContext=null"},
+			[]string{"podSecurityContext"}},
+		{"pod sysctls", []string{"--set", "podSecurityContext.sysctls[0].name=net.ipv4.ip_forward", "--set-string", "podSecurityContext.sysctls[0].value=1"},
+			[]string{"/podSecurityContext", "sysctls"}},
+		{"privilege escalation", []string{"--set", "securityContext.allowPrivilegeEscalation=true"},
+			[]string{"/securityContext/allowPrivilegeEscalation"}},
+		{"privileged", []string{"--set", "securityContext.privileged=true"},
+			[]string{"/securityContext/privileged"}},
+		{"a capability added", []string{"--set", "securityContext.capabilities.add={SYS_ADMIN}"},
+			[]string{"/securityContext/capabilities/add/0"}},
+		{"capabilities not all dropped", []string{"--set", "securityContext.capabilities.drop={NET_RAW}"},
+			[]string{"/securityContext/capabilities/drop"}},
+		{"container seccomp unconfined", []string{"--set", "securityContext.seccompProfile.type=Unconfined"},
+			[]string{"/securityContext/seccompProfile/type"}},
+		{"container as root", []string{"--set", "securityContext.runAsUser=0"},
+			[]string{"/securityContext/runAsUser"}},
+		{"container security context dropped", []string{"--set", "securityContext=null"},
+			[]string{"securityContext"}},
+		// extraArgs cannot undo metrics.secure, nor move the Lease off
+		// the one the Role grants.
+		{"extra arg turns metrics auth off", []string{"--set", "extraArgs={--metrics-secure=false}"},
+			[]string{"/extraArgs/0"}},
+		{"extra arg turns metrics auth off, one dash", []string{"--set", "extraArgs={-metrics-secure=false}"},
+			[]string{"/extraArgs/0"}},
+		{"extra arg lowers TLS", []string{"--set", "extraArgs={--metrics-tls-min-version=1.2}"},
+			[]string{"/extraArgs/0"}},
+		{"extra arg renames the Lease", []string{"--set", "extraArgs={--leader-elect-name=other}"},
+			[]string{"/extraArgs/0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

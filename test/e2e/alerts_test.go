@@ -360,7 +360,7 @@ func TestAlertsQuietWhenHealthy(t *testing.T) {
 	m := newMonitored(ctx, t)
 	// Kubernetes' own lease duration: a loaded machine must not make a
 	// healthy leader lose its lease.
-	args := leaderArgs(m.ns, 15*time.Second)
+	args := leaderArgs(ctx, t, m.ns, 15*time.Second)
 	a, b := m.launch(ctx, t, args...), m.launch(ctx, t, args...)
 	for _, p := range []*cluster.ControllerProcess{a, b} {
 		if err := p.WaitReady(ctx, time.Minute); err != nil {
@@ -494,7 +494,7 @@ func TestAlertQueueBackingUp(t *testing.T) {
 func TestAlertControllerStopped(t *testing.T) {
 	ctx := testCtx(t)
 	m := newMonitored(ctx, t)
-	p := m.launch(ctx, t, leaderArgs(m.ns, 4*time.Second)...)
+	p := m.launch(ctx, t, leaderArgs(ctx, t, m.ns, 4*time.Second)...)
 	waitLeader(ctx, t, 30*time.Second, p)
 	prom := m.startPrometheus(ctx, t, p)
 	// An evaluation before the first scrape may have left an alert

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -18,13 +20,48 @@ import (
 )
 
 // leaderArgs turns on leader election with a Lease of the test's own and
-// short timings, so a takeover happens within seconds.
-func leaderArgs(lease string, leaseDuration time.Duration) []string {
+// short timings, so a takeover happens within seconds. deploy/rbac.yaml
+// grants get and update on the Lease named uuid-controller only, so the
+// test grants the same on its own Lease (grantLease).
+func leaderArgs(ctx context.Context, t *testing.T, lease string, leaseDuration time.Duration) []string {
+	t.Helper()
+	grantLease(ctx, t, lease)
 	return []string{"--leader-elect", "--leader-elect-name", lease,
 		"--leader-elect-namespace", cluster.ControllerNamespace,
 		"--leader-elect-lease-duration", leaseDuration.String(),
 		"--leader-elect-renew-deadline", (leaseDuration * 3 / 4).String(),
 		"--leader-elect-retry-period", "250ms"}
+}
+
+// grantLease gives the controller's ServiceAccount deploy/rbac.yaml's
+// rule for its Lease (get and update, by name) on the Lease named lease,
+// until the test ends.
+func grantLease(ctx context.Context, t *testing.T, lease string) {
+	t.Helper()
+	name := "test-lease-" + lease
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cluster.ControllerNamespace},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
+			ResourceNames: []string{lease}, Verbs: []string{"get", "update"}}},
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cluster.ControllerNamespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: cluster.ControllerNamespace, Name: cluster.ControllerServiceAccount}},
+	}
+	rbac := env.kube.RbacV1()
+	if _, err := rbac.Roles(cluster.ControllerNamespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(cluster.ControllerNamespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = rbac.RoleBindings(cluster.ControllerNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = rbac.Roles(cluster.ControllerNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	})
 }
 
 func isLeader(ctx context.Context, t *testing.T, p *cluster.ControllerProcess) bool {
@@ -58,7 +95,7 @@ func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...
 // returns them as leader and standby once one leads.
 func startPair(ctx context.Context, t *testing.T, ns string, leaseDuration time.Duration) (leader, standby *cluster.ControllerProcess) {
 	t.Helper()
-	args := leaderArgs(ns, leaseDuration)
+	args := leaderArgs(ctx, t, ns, leaseDuration)
 	a := startController(ctx, t, ns, args...)
 	b := startController(ctx, t, ns, args...)
 	if leader = waitLeader(ctx, t, 20*time.Second, a, b); leader == a {
@@ -130,7 +167,7 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 	ns := newNamespace(ctx, t)
 	// A long lease: a takeover within it proves the Lease was released.
 	const leaseDuration = 60 * time.Second
-	p := startController(ctx, t, ns, leaderArgs(ns, leaseDuration)...)
+	p := startController(ctx, t, ns, leaderArgs(ctx, t, ns, leaseDuration)...)
 	waitLeader(ctx, t, 20*time.Second, p)
 	names := createUuids(ctx, t, ns, "before-term", 3)
 	waitUUIDs(ctx, t, ns, names, 30*time.Second)
@@ -144,7 +181,7 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 		t.Errorf("Lease still held by %q after SIGTERM", h)
 	}
 
-	next := startController(ctx, t, ns, leaderArgs(ns, leaseDuration)...)
+	next := startController(ctx, t, ns, leaderArgs(ctx, t, ns, leaseDuration)...)
 	waitLeader(ctx, t, 10*time.Second, next)
 	more := createUuids(ctx, t, ns, "after-term", 3)
 	waitUUIDs(ctx, t, ns, more, 30*time.Second)
@@ -217,7 +254,7 @@ func TestLeaseLossStopsWritesFirst(t *testing.T) {
 		return false
 	})
 	history := watchUUIDs(ctx, t, ns)
-	args := leaderArgs(ns, 4*time.Second)
+	args := leaderArgs(ctx, t, ns, 4*time.Second)
 	old := startControllerAs(ctx, t, kubeconfig, ns, args...)
 	waitLeader(ctx, t, 20*time.Second, old)
 	next := startController(ctx, t, ns, args...)

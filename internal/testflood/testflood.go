@@ -1,0 +1,128 @@
+// Package testflood holds requests in flight on many connections to an
+// HTTP server, as hostile Pods could, for the tests of the servers' limits.
+package testflood
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Kind is how a connection holds its request in flight.
+type Kind int
+
+const (
+	// SlowHeaders sends a request line and then one header line every
+	// tick, never the blank line that ends the headers.
+	SlowHeaders Kind = iota
+	// SlowBody sends a POST's headers with a Content-Length under what
+	// net/http discards after the handler (256 KiB), then one
+	// byte of body every tick.
+	SlowBody
+	// Pipelined sends a batch of GETs at once, and another every tick,
+	// and never reads an answer (its receive buffer is small, so the
+	// answers back up on the server).
+	Pipelined
+)
+
+func (k Kind) String() string { return [...]string{"slow headers", "slow body", "pipelined"}[k] }
+
+// tick is how often a connection sends its next bytes.
+const tick = time.Second
+
+// Flood is a running flood; Stop ends it.
+type Flood struct {
+	// Dials counts connections made; Closed those the server closed.
+	Dials, Closed atomic.Int64
+	stop          context.CancelFunc
+	wg            sync.WaitGroup
+}
+
+// Start keeps n connections to addr open, from the addresses from in turn
+// (connection i from from[i%len(from)]), each holding a request in flight
+// of kind kinds[i%len(kinds)] for path. A connection the server closes is
+// made again, so n stay in flight until Stop.
+func Start(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &Flood{stop: cancel}
+	for i := range n {
+		ip, kind := from[i%len(from)], kinds[i%len(kinds)]
+		f.wg.Go(func() {
+			for ctx.Err() == nil {
+				start := time.Now()
+				f.hold(ctx, ip, addr, path, kind)
+				if time.Since(start) < tick {
+					// Refused at once (over a cap): no tight loop.
+					select {
+					case <-ctx.Done():
+					case <-time.After(tick):
+					}
+				}
+			}
+		})
+	}
+	return f
+}
+
+// Stop ends the flood and closes its connections.
+func (f *Flood) Stop() {
+	f.stop()
+	f.wg.Wait()
+}
+
+// hold makes one connection and keeps its request in flight until the
+// server closes it (a write fails) or ctx is done.
+func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kind) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}, Timeout: 5 * time.Second}
+	if kind == Pipelined {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var err error
+			_ = c.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+			return err
+		}
+	}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return
+	}
+	f.Dials.Add(1)
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	get := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, addr)
+	var first, next string
+	switch kind {
+	case SlowHeaders:
+		first, next = fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n", path, addr), "X-Slow: a\r\n"
+	case SlowBody:
+		first, next = fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 100000\r\n\r\n", path, addr), "a"
+	case Pipelined:
+		first, next = strings.Repeat(get, 2000), strings.Repeat(get, 20)
+	}
+	msg := first
+	for {
+		if err := conn.SetWriteDeadline(time.Now().Add(tick)); err != nil {
+			return
+		}
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() && ctx.Err() == nil {
+				continue // the server reads nothing more: still held
+			}
+			if ctx.Err() == nil {
+				f.Closed.Add(1)
+			}
+			return
+		}
+		msg = next
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(tick):
+		}
+	}
+}
