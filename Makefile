@@ -232,7 +232,7 @@ node-e2e: node-deps node-tools helm pause-image
 PROM_DIR := hack/prometheus
 PROM_MOD := $(PROM_DIR)/go.mod $(PROM_DIR)/go.sum
 MONITORING := deploy/monitoring
-.PHONY: prometheus monitoring-test monitoring-rules
+.PHONY: prometheus promtool monitoring-test monitoring-rules
 
 ## prometheus: bin/prometheus, the server test/e2e's TestAlert* tests run (skipped when up to date)
 prometheus: $(BIN_DIR)/prometheus
@@ -242,6 +242,13 @@ prometheus: $(BIN_DIR)/prometheus
 # the full build compiles about 1,500 packages, this one about 1,000.
 $(BIN_DIR)/prometheus: $(PROM_MOD)
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/prometheus
+
+## promtool: bin/promtool, from the same module and tags as bin/prometheus, for
+##           `promtool test rules` over the shipped rules (skipped when up to date)
+promtool: $(BIN_DIR)/promtool
+
+$(BIN_DIR)/promtool: $(PROM_MOD)
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/promtool
 
 ## monitoring-test: hack/prometheus's checks of deploy/monitoring with Prometheus's own parser:
 ##                  the rules load, every rule and dashboard query parses and names served metrics
