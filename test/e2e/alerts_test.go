@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,8 +154,14 @@ func newMonitored(ctx context.Context, t *testing.T) *monitored {
 // without waiting for it to be ready.
 func (m *monitored) launch(ctx context.Context, t *testing.T, args ...string) *cluster.ControllerProcess {
 	t.Helper()
+	return m.launchVia(ctx, t, env.kubeconfig, args...)
+}
+
+// launchVia is launch with the controller's kubeconfig (a proxy's).
+func (m *monitored) launchVia(ctx context.Context, t *testing.T, kubeconfig string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
 	auth := cluster.MetricsAuth{Token: m.token, CA: m.caPEM}
-	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: env.kubeconfig, MetricsAuth: &auth},
+	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, MetricsAuth: &auth},
 		m.ns, append(slices.Clone(m.certArgs), args...)...)
 }
 
@@ -536,6 +544,43 @@ func TestAlertKopfFinalizerStuck(t *testing.T) {
 	t.Logf("/api/v1/alerts: %s", body)
 	if alertValue(t, a) != 1 {
 		t.Errorf("alert value %q, want 1 object", a.Value)
+	}
+}
+
+// TestAlertMetricsReviewsFailing: the apiserver's answer to every other
+// TokenReview the controller makes is lost (a proxy closes the connection
+// unanswered), so each re-review of Prometheus's token (its cached answer
+// lasts 10 s) fails that scrape with 503 and the next scrape, reviewed
+// again, gets through with the count: the shipped rules fire
+// UuidControllerMetricsReviewsFailing for that instance.
+func TestAlertMetricsReviewsFailing(t *testing.T) {
+	ctx := testCtx(t)
+	m := newMonitored(ctx, t)
+	var reviews, dropped atomic.Int64
+	kc := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/tokenreviews") || reviews.Add(1)%2 == 1 {
+			return false
+		}
+		dropped.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return true
+	})
+	p := m.launchVia(ctx, t, kc)
+	prom := m.startPrometheus(ctx, t, p)
+	u, err := url.Parse(p.MetricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, body := waitFiring(ctx, t, prom, "UuidControllerMetricsReviewsFailing", map[string]string{"instance": u.Host}, 3*time.Minute)
+	t.Logf("/api/v1/alerts: %s", body)
+	if v := alertValue(t, a); v <= 0 {
+		t.Errorf("alert value %v, want a rate of failed reviews above 0", v)
+	}
+	// The rate needs two scraped counts apart: two failed reviews at least.
+	if n := dropped.Load(); n < 2 {
+		t.Errorf("the alert fired with %d TokenReviews dropped, want 2 or more", n)
 	}
 }
 
