@@ -251,8 +251,10 @@ $(BIN_DIR)/promtool: $(PROM_MOD)
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/promtool
 
 ## monitoring-test: hack/prometheus's checks of deploy/monitoring with Prometheus's own parser:
-##                  the rules load, every rule and dashboard query parses and names served metrics
-monitoring-test:
+##                  the rules load, every rule and dashboard query parses and names served metrics,
+##                  `promtool test rules` over the shipped rules (bin/promtool), and every alert
+##                  has promtool cases and a live test in test/e2e
+monitoring-test: $(BIN_DIR)/promtool
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
 
 ## monitoring-rules: regenerate deploy/monitoring/prometheusrule.yaml's groups from prometheus/rules.yaml,
@@ -260,3 +262,19 @@ monitoring-test:
 monitoring-rules: manifests
 	{ sed '/^spec:$$/q' $(MONITORING)/prometheusrule.yaml; grep -v '^#' $(MONITORING)/prometheus/rules.yaml | sed 's/^\(.\)/  \1/'; } > $(MONITORING)/prometheusrule.yaml.tmp
 	mv $(MONITORING)/prometheusrule.yaml.tmp $(MONITORING)/prometheusrule.yaml
+
+## ---- the mutation check (issue 29) ----
+.PHONY: mutate mutate-check
+## mutate: apply each deliberate breakage of hack/mutate/mutations.tsv to a scratch copy of
+##         the repository and run the tests it names; fails when one is not caught (a test
+##         assertion failing), its text is not found exactly once, or it does not build.
+##         MUTATE_ONLY=REGEXP runs the lines whose id matches. Lines in ./test/... start a
+##         cluster and take flock /tmp/cluster.lock themselves. Needs what those tests need:
+##         make tools prometheus promtool helm.
+MUTATE_ONLY ?=
+mutate:
+	cd hack/mutate && go vet . && go test -count=1 . && go run . -root ../.. $(if $(MUTATE_ONLY),-only '$(MUTATE_ONLY)')
+
+## mutate-check: only check that every line's text occurs exactly once (seconds, no test run)
+mutate-check:
+	cd hack/mutate && go run . -root ../.. -check
