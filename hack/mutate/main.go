@@ -167,7 +167,7 @@ func (r runner) one(m mutation) (verdict, detail string) {
 	}
 	defer os.WriteFile(path, orig, 0o644) //nolint:errcheck // checked by the next line's apply
 	if strings.HasSuffix(m.File, ".go") {
-		if out, err := r.goBuild(filepath.Dir(m.File)); err != nil {
+		if out, err := r.goBuild(filepath.Dir(m.File), strings.HasSuffix(m.File, "_test.go")); err != nil {
 			return "ERROR", "the breakage does not build (fix the line):\n" + tail(out, 15)
 		}
 	}
@@ -207,9 +207,15 @@ func (r runner) goEnv(modRoot string) []string {
 	return env
 }
 
-func (r runner) goBuild(dir string) (string, error) {
+// goBuild builds the package in dir; with test, its tests too (compiled,
+// none run).
+func (r runner) goBuild(dir string, test bool) (string, error) {
 	modRoot, pkg := r.module(dir)
-	cmd := exec.Command("go", "build", "-o", os.DevNull, pkg)
+	argv := []string{"build", "-o", os.DevNull, pkg}
+	if test {
+		argv = []string{"test", "-count=1", "-run", "^$", pkg}
+	}
+	cmd := exec.Command("go", argv...)
 	cmd.Dir, cmd.Env = modRoot, r.goEnv(modRoot)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
