@@ -477,23 +477,70 @@ func TestAlertAssignmentsFailing(t *testing.T) {
 	waitFiring(ctx, t, prom, "UuidControllerObjectsDropped", nil, 2*time.Minute)
 }
 
-// TestAlertQueueBackingUp: a controller with one worker held to 2 API
-// requests a second (--kube-api-qps) keeps more than 100 of 300 new
-// objects queued for longer than the alert's scaled for:, and the backlog
-// alert fires for it, the leader. Its metrics reviews have a client of
-// their own, so Prometheus still scrapes it. (With many workers the
-// writes would time out in the rate limiter and leave the queue for
-// their backoff instead.)
+// TestAlertQueueBackingUp: a leader and a standby, each with one worker
+// held to 2 API requests a second (--kube-api-qps): the leader keeps more
+// than 100 of 300 new objects queued for longer than the alert's scaled
+// for:, and the backlog alert fires for it. The standby's queue holds the
+// same keys (it works none until it leads), as Prometheus scrapes, yet it
+// never alerts: only the leader's backlog counts. Their metrics reviews
+// have a client of their own, so Prometheus still scrapes them. (With many
+// workers the writes would time out in the rate limiter and leave the
+// queue for their backoff instead.)
 func TestAlertQueueBackingUp(t *testing.T) {
 	ctx := testCtx(t)
 	m := newMonitored(ctx, t)
-	p := m.launch(ctx, t, "--workers=1", "--kube-api-qps=2", "--kube-api-burst=1")
-	prom := m.startPrometheus(ctx, t, p)
+	// Kubernetes' own lease duration: the throttled client must not cost
+	// the leader its lease.
+	args := append(leaderArgs(m.ns, 15*time.Second), "--workers=1", "--kube-api-qps=2", "--kube-api-burst=1")
+	a, b := m.launch(ctx, t, args...), m.launch(ctx, t, args...)
+	for _, p := range []*cluster.ControllerProcess{a, b} {
+		if err := p.WaitReady(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := waitLeader(ctx, t, 30*time.Second, a, b)
+	standby := a
+	if leader == a {
+		standby = b
+	}
+	instance := func(p *cluster.ControllerProcess) string {
+		u, err := url.Parse(p.MetricsURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Host
+	}
+	prom := m.startPrometheus(ctx, t, a, b)
 	createUuids(ctx, t, m.ns, "backlog", 300)
-	a, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", nil, 2*time.Minute)
+	fired, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", map[string]string{"instance": instance(leader)}, 2*time.Minute)
 	t.Logf("/api/v1/alerts: %s", body)
-	if v := alertValue(t, a); v <= 100 {
+	if v := alertValue(t, fired); v <= 100 {
 		t.Errorf("UuidControllerQueueBackingUp fired at a queue depth of %v, want over 100", v)
+	}
+	active, _ := alerts(ctx, t, prom)
+	for _, al := range active {
+		if al.Labels["alertname"] == "UuidControllerQueueBackingUp" && al.Labels["instance"] == instance(standby) {
+			t.Errorf("the standby's backlog alerts (%s): %+v", al.State, al)
+		}
+	}
+	// The clause is what kept the standby quiet: its scraped queue is as deep.
+	var res struct {
+		Result []struct {
+			Value [2]any `json:"value"`
+		} `json:"result"`
+	}
+	q := url.Values{"query": {fmt.Sprintf(`workqueue_depth{job="uuid-controller-metrics", name="uuid", instance=%q}`, instance(standby))}}
+	if _, err := prom.API(ctx, "query", q, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Result) != 1 {
+		t.Fatalf("the standby's workqueue_depth: %+v", res.Result)
+	}
+	if d, err := strconv.ParseFloat(fmt.Sprint(res.Result[0].Value[1]), 64); err != nil || d <= 100 {
+		t.Errorf("the standby's scraped queue depth is %v (%v), want over 100: the test proves nothing", res.Result[0].Value[1], err)
+	}
+	if isLeader(ctx, t, standby) || !isLeader(ctx, t, leader) {
+		t.Error("the lease moved during the test")
 	}
 }
 
