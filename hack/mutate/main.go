@@ -279,21 +279,21 @@ func classify(out string, err error, killed bool) outcome {
 
 func (r runner) logPath(name string) string { return filepath.Join(r.logDir, name+".log") }
 
-// firstFail is the first --- FAIL line and the line after it, which is
-// usually the assertion's message.
+// firstFail is the first --- FAIL line and the three lines after it,
+// which usually hold the assertion's message.
 func firstFail(out string) string {
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
 		if failLine.MatchString(l) {
-			msg := strings.TrimSpace(l)
+			msg, n := strings.TrimSpace(l), 0
 			for _, next := range lines[i+1:] {
-				if s := strings.TrimSpace(next); s != "" && !strings.HasPrefix(s, "---") {
-					msg += " " + s
-					break
+				if s := strings.TrimSpace(next); s != "" && !strings.HasPrefix(s, "---") && n < 3 {
+					msg += " | " + s
+					n++
 				}
 			}
-			if len(msg) > 220 {
-				msg = msg[:220] + "..."
+			if len(msg) > 400 {
+				msg = msg[:400] + "..."
 			}
 			return msg
 		}
