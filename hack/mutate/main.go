@@ -213,7 +213,10 @@ func (r runner) goBuild(dir string, test bool) (string, error) {
 	modRoot, pkg := r.module(dir)
 	argv := []string{"build", "-o", os.DevNull, pkg}
 	if test {
-		argv = []string{"test", "-count=1", "-run", "^$", pkg}
+		// -c: compiled, not run (a TestMain may start a cluster).
+		bin := filepath.Join(r.logDir, "build-check.test")
+		defer os.Remove(bin)
+		argv = []string{"test", "-c", "-o", bin, pkg}
 	}
 	cmd := exec.Command("go", argv...)
 	cmd.Dir, cmd.Env = modRoot, r.goEnv(modRoot)
