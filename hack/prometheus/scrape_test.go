@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/relabel"
@@ -153,5 +154,47 @@ func TestAlertsSelectTheScrapeJob(t *testing.T) {
 	}
 	if selectors == 0 {
 		t.Fatal("no selector found in the rules")
+	}
+}
+
+// TestServiceMonitorMatchesScrapeConfig: the ServiceMonitor asks
+// prometheus-operator for what the plain scrape job does, field by field:
+// the metrics Service (selected by its labels, in its namespace), its
+// metrics port (the one the job's relabeling keeps), HTTPS, /metrics, the
+// same server name to verify.
+func TestServiceMonitorMatchesScrapeConfig(t *testing.T) {
+	job := loadShippedJob(t)
+	var sm monitoringv1.ServiceMonitor
+	strict(t, "servicemonitor.yaml", &sm)
+	var svc struct {
+		Metadata struct {
+			Name, Namespace string
+			Labels          map[string]string
+		}
+		Spec struct {
+			Ports []struct{ Name string }
+		}
+	}
+	readYAML(t, filepath.Join(monitoringDir, "service.yaml"), &svc)
+	if sm.Namespace != svc.Metadata.Namespace {
+		t.Errorf("ServiceMonitor in %q, the Service in %q", sm.Namespace, svc.Metadata.Namespace)
+	}
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if svc.Metadata.Labels[k] != v {
+			t.Errorf("ServiceMonitor selects %s=%s, which the Service's labels %v lack", k, v, svc.Metadata.Labels)
+		}
+	}
+	if len(sm.Spec.Endpoints) != 1 {
+		t.Fatalf("%d endpoints, want 1", len(sm.Spec.Endpoints))
+	}
+	ep := sm.Spec.Endpoints[0]
+	if ep.Port != svc.Spec.Ports[0].Name {
+		t.Errorf("ServiceMonitor port %q, the Service's metrics port %q", ep.Port, svc.Spec.Ports[0].Name)
+	}
+	if ep.Scheme == nil || ep.Scheme.String() != job.Scheme || ep.Path != job.Path {
+		t.Errorf("ServiceMonitor scheme %v path %q, the scrape job %q %q", ep.Scheme, ep.Path, job.Scheme, job.Path)
+	}
+	if ep.TLSConfig == nil || ep.TLSConfig.ServerName == nil || *ep.TLSConfig.ServerName != job.TLS["server_name"] {
+		t.Errorf("ServiceMonitor tlsConfig %+v, want serverName %v as the scrape job", ep.TLSConfig, job.TLS["server_name"])
 	}
 }
