@@ -233,7 +233,7 @@ node-e2e: node-deps node-tools helm pause-image
 PROM_DIR := hack/prometheus
 PROM_MOD := $(PROM_DIR)/go.mod $(PROM_DIR)/go.sum
 MONITORING := deploy/monitoring
-.PHONY: prometheus monitoring-test monitoring-rules
+.PHONY: prometheus promtool monitoring-test monitoring-rules
 
 ## prometheus: bin/prometheus, the server test/e2e's TestAlert* tests run (skipped when up to date)
 prometheus: $(BIN_DIR)/prometheus
@@ -244,9 +244,18 @@ prometheus: $(BIN_DIR)/prometheus
 $(BIN_DIR)/prometheus: $(PROM_MOD)
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/prometheus
 
+## promtool: bin/promtool, from the same module and tags as bin/prometheus, for
+##           `promtool test rules` over the shipped rules (skipped when up to date)
+promtool: $(BIN_DIR)/promtool
+
+$(BIN_DIR)/promtool: $(PROM_MOD)
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/promtool
+
 ## monitoring-test: hack/prometheus's checks of deploy/monitoring with Prometheus's own parser:
-##                  the rules load, every rule and dashboard query parses and names served metrics
-monitoring-test:
+##                  the rules load, every rule and dashboard query parses and names served metrics,
+##                  `promtool test rules` over the shipped rules (bin/promtool), and every alert
+##                  has promtool cases and a live test in test/e2e
+monitoring-test: $(BIN_DIR)/promtool
 	cd $(PROM_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 ./...
 
 ## monitoring-rules: regenerate deploy/monitoring/prometheusrule.yaml's groups from prometheus/rules.yaml,
@@ -254,3 +263,21 @@ monitoring-test:
 monitoring-rules: manifests
 	{ sed '/^spec:$$/q' $(MONITORING)/prometheusrule.yaml; grep -v '^#' $(MONITORING)/prometheus/rules.yaml | sed 's/^\(.\)/  \1/'; } > $(MONITORING)/prometheusrule.yaml.tmp
 	mv $(MONITORING)/prometheusrule.yaml.tmp $(MONITORING)/prometheusrule.yaml
+
+## ---- the mutation check (issue 29) ----
+.PHONY: mutate mutate-check
+## mutate: apply each deliberate breakage of hack/mutate/mutations.tsv to a scratch copy of
+##         the repository and run the tests it names; fails when one is not caught (a test
+##         assertion failing), its text is not found exactly once, or it does not build.
+##         MUTATE_ONLY=REGEXP runs the lines whose id matches, MUTATE_SKIP=REGEXP leaves
+##         those out. Lines in ./test/... start a
+##         cluster and take flock /tmp/cluster.lock themselves. Needs what those tests need:
+##         make tools prometheus promtool helm.
+MUTATE_ONLY ?=
+MUTATE_SKIP ?=
+mutate:
+	cd hack/mutate && go vet . && go test -count=1 . && go run . -root ../.. $(if $(MUTATE_ONLY),-only '$(MUTATE_ONLY)') $(if $(MUTATE_SKIP),-skip '$(MUTATE_SKIP)')
+
+## mutate-check: only check that every line's text occurs exactly once (seconds, no test run)
+mutate-check:
+	cd hack/mutate && go run . -root ../.. -check

@@ -533,6 +533,32 @@ func TestFailureAfterRejectionIsReported(t *testing.T) {
 	}
 }
 
+// TestIsPermanent: only a request the apiserver rejected as malformed is
+// given up; an outage, a 429, a missing RBAC grant or an admission denial
+// with 403 heal without a restart, so they are retried.
+func TestIsPermanent(t *testing.T) {
+	gr := uuidGVR.GroupResource()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{invalid(), true},
+		{apierrors.NewBadRequest("bad"), true},
+		{apierrors.NewRequestEntityTooLargeError("big"), true},
+		{apierrors.NewForbidden(gr, "example", errors.New("RBAC: no grant")), false},
+		{apierrors.NewInternalError(errors.New("etcd is sad")), false},
+		{apierrors.NewServiceUnavailable("overloaded"), false},
+		{apierrors.NewTooManyRequests("slow down", 1), false},
+		{apierrors.NewTimeoutError("slow", 1), false},
+		{apierrors.NewConflict(gr, "example", errors.New("changed")), false},
+		{errors.New("connection refused"), false},
+	} {
+		if got := isPermanent(c.err); got != c.want {
+			t.Errorf("isPermanent(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
 func TestPermanentErrorIsNotRetried(t *testing.T) {
 	obj := newUUIDObject("default", "example", "5")
 	client := newClient(t, obj)
@@ -546,6 +572,9 @@ func TestPermanentErrorIsNotRetried(t *testing.T) {
 	}
 	if f.ctrl.queue.Len() != 0 {
 		t.Error("permanent error requeued")
+	}
+	if len(f.patches()) != 2 {
+		t.Fatalf("%d status patches, want 2: the attempt and the Error status", len(f.patches()))
 	}
 	if _, st := patchStatusOf(t, f.patches()[1]); st.State != StateError ||
 		!meta.IsStatusConditionFalse(st.Conditions, ConditionReady) || !meta.IsStatusConditionTrue(st.Conditions, ConditionStalled) {

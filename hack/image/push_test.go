@@ -104,9 +104,18 @@ auth:
 	pool.AppendCertsFromPEM(pem)
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	defer hc.CloseIdleConnections()
-	deadline := time.Now().Add(time.Minute)
+	// Polled every 100 ms within a context that ends after a minute (or
+	// with the test), and stopped at once if the registry exits.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for {
-		resp, err := hc.Get("https://" + host + "/v2/")
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+"/v2/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusUnauthorized { // up, and asking for credentials
@@ -118,10 +127,9 @@ auth:
 		case werr := <-exited:
 			log, _ := os.ReadFile(logf.Name())
 			t.Fatalf("registry exited: %v\n%s", werr, log)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
+		case <-ctx.Done():
 			t.Fatalf("registry not up within a minute: %v", err)
+		case <-tick.C:
 		}
 	}
 }

@@ -327,8 +327,11 @@ func waitClosed(t *testing.T, c *fakeConn, what string) {
 // the write timeout (with no answer), each after its timeout (shortened
 // here to 200 ms; handlers take 0 or 1 s).
 func TestServeTimeouts(t *testing.T) {
-	short := 200 * time.Millisecond
-	addr, _ := startServerWith(t, nil, timeouts{readHeader: short, read: short, write: short, idle: short},
+	// The read timeout is long: headers that never end must be cut by
+	// the header timeout itself (net/http falls back to the read timeout
+	// when it is 0).
+	short, long := 200*time.Millisecond, 30*time.Second
+	addr, _ := startServerWith(t, nil, timeouts{readHeader: short, read: long, write: short, idle: short},
 		func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" {
 				time.Sleep(time.Second) // a handler slower than the write timeout
@@ -337,6 +340,7 @@ func TestServeTimeouts(t *testing.T) {
 		})
 	closedWithin := func(c net.Conn, what string) {
 		t.Helper()
+		// Far above the short timeouts, far below the long one.
 		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
 			t.Fatal(err)
 		}

@@ -190,6 +190,32 @@ func TestDelegatedAuthCachesAnswers(t *testing.T) {
 	}
 }
 
+// TestDelegatedAuthRevokedGrantStopsWithin10s: an allowed answer is
+// reused for 10 s (docs/metrics.md: "a revoked grant stops within 10 s"),
+// then the token is reviewed again and a revoked grant refused.
+func TestDelegatedAuthRevokedGrantStopsWithin10s(t *testing.T) {
+	r := &reviewer{users: map[string]string{"t-reader": "reader"}, allowed: map[string]bool{"reader": true}}
+	a := newTestAuth(r)
+	now := time.Unix(1_000_000, 0)
+	a.now = func() time.Time { return now }
+	h := a.wrap(http.NotFoundHandler())
+	if rec := scrape(h, "Bearer t-reader"); rec.Code != http.StatusNotFound {
+		t.Fatalf("reader: %d, want the handler's 404", rec.Code)
+	}
+	r.mu.Lock()
+	r.allowed["reader"] = false // the grant is revoked
+	r.mu.Unlock()
+	before := r.reviews()
+	now = now.Add(10*time.Second - time.Millisecond)
+	if rec := scrape(h, "Bearer t-reader"); rec.Code != http.StatusNotFound || r.reviews() != before {
+		t.Errorf("within 10 s: %d after %d more reviews, want the cached answer and none", rec.Code, r.reviews()-before)
+	}
+	now = now.Add(time.Millisecond)
+	if rec := scrape(h, "Bearer t-reader"); rec.Code != http.StatusForbidden {
+		t.Errorf("10 s after the review, with the grant revoked: %d, want 403", rec.Code)
+	}
+}
+
 // newRequests is a counter like the controller's metrics_requests_total.
 func newRequests() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "metrics_requests_total"}, []string{"result", "reason"})

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,8 +154,14 @@ func newMonitored(ctx context.Context, t *testing.T) *monitored {
 // without waiting for it to be ready.
 func (m *monitored) launch(ctx context.Context, t *testing.T, args ...string) *cluster.ControllerProcess {
 	t.Helper()
+	return m.launchVia(ctx, t, env.kubeconfig, args...)
+}
+
+// launchVia is launch with the controller's kubeconfig (a proxy's).
+func (m *monitored) launchVia(ctx context.Context, t *testing.T, kubeconfig string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
 	auth := cluster.MetricsAuth{Token: m.token, CA: m.caPEM}
-	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: env.kubeconfig, MetricsAuth: &auth},
+	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, MetricsAuth: &auth},
 		m.ns, append(slices.Clone(m.certArgs), args...)...)
 }
 
@@ -469,23 +477,70 @@ func TestAlertAssignmentsFailing(t *testing.T) {
 	waitFiring(ctx, t, prom, "UuidControllerObjectsDropped", nil, 2*time.Minute)
 }
 
-// TestAlertQueueBackingUp: a controller with one worker held to 2 API
-// requests a second (--kube-api-qps) keeps more than 100 of 300 new
-// objects queued for longer than the alert's scaled for:, and the backlog
-// alert fires for it, the leader. Its metrics reviews have a client of
-// their own, so Prometheus still scrapes it. (With many workers the
-// writes would time out in the rate limiter and leave the queue for
-// their backoff instead.)
+// TestAlertQueueBackingUp: a leader and a standby, each with one worker
+// held to 2 API requests a second (--kube-api-qps): the leader keeps more
+// than 100 of 300 new objects queued for longer than the alert's scaled
+// for:, and the backlog alert fires for it. The standby's queue holds the
+// same keys (it works none until it leads), as Prometheus scrapes, yet it
+// never alerts: only the leader's backlog counts. Their metrics reviews
+// have a client of their own, so Prometheus still scrapes them. (With many
+// workers the writes would time out in the rate limiter and leave the
+// queue for their backoff instead.)
 func TestAlertQueueBackingUp(t *testing.T) {
 	ctx := testCtx(t)
 	m := newMonitored(ctx, t)
-	p := m.launch(ctx, t, "--workers=1", "--kube-api-qps=2", "--kube-api-burst=1")
-	prom := m.startPrometheus(ctx, t, p)
+	// Kubernetes' own lease duration: the throttled client must not cost
+	// the leader its lease.
+	args := append(leaderArgs(ctx, t, m.ns, 15*time.Second), "--workers=1", "--kube-api-qps=2", "--kube-api-burst=1")
+	a, b := m.launch(ctx, t, args...), m.launch(ctx, t, args...)
+	for _, p := range []*cluster.ControllerProcess{a, b} {
+		if err := p.WaitReady(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := waitLeader(ctx, t, 30*time.Second, a, b)
+	standby := a
+	if leader == a {
+		standby = b
+	}
+	instance := func(p *cluster.ControllerProcess) string {
+		u, err := url.Parse(p.MetricsURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Host
+	}
+	prom := m.startPrometheus(ctx, t, a, b)
 	createUuids(ctx, t, m.ns, "backlog", 300)
-	a, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", nil, 2*time.Minute)
+	fired, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", map[string]string{"instance": instance(leader)}, 2*time.Minute)
 	t.Logf("/api/v1/alerts: %s", body)
-	if v := alertValue(t, a); v <= 100 {
+	if v := alertValue(t, fired); v <= 100 {
 		t.Errorf("UuidControllerQueueBackingUp fired at a queue depth of %v, want over 100", v)
+	}
+	active, _ := alerts(ctx, t, prom)
+	for _, al := range active {
+		if al.Labels["alertname"] == "UuidControllerQueueBackingUp" && al.Labels["instance"] == instance(standby) {
+			t.Errorf("the standby's backlog alerts (%s): %+v", al.State, al)
+		}
+	}
+	// The clause is what kept the standby quiet: its scraped queue is as deep.
+	var res struct {
+		Result []struct {
+			Value [2]any `json:"value"`
+		} `json:"result"`
+	}
+	q := url.Values{"query": {fmt.Sprintf(`workqueue_depth{job="uuid-controller-metrics", name="uuid", instance=%q}`, instance(standby))}}
+	if _, err := prom.API(ctx, "query", q, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Result) != 1 {
+		t.Fatalf("the standby's workqueue_depth: %+v", res.Result)
+	}
+	if d, err := strconv.ParseFloat(fmt.Sprint(res.Result[0].Value[1]), 64); err != nil || d <= 100 {
+		t.Errorf("the standby's scraped queue depth is %v (%v), want over 100: the test proves nothing", res.Result[0].Value[1], err)
+	}
+	if isLeader(ctx, t, standby) || !isLeader(ctx, t, leader) {
+		t.Error("the lease moved during the test")
 	}
 }
 
@@ -536,6 +591,43 @@ func TestAlertKopfFinalizerStuck(t *testing.T) {
 	t.Logf("/api/v1/alerts: %s", body)
 	if alertValue(t, a) != 1 {
 		t.Errorf("alert value %q, want 1 object", a.Value)
+	}
+}
+
+// TestAlertMetricsReviewsFailing: the apiserver's answer to every other
+// TokenReview the controller makes is lost (a proxy closes the connection
+// unanswered), so each re-review of Prometheus's token (its cached answer
+// lasts 10 s) fails that scrape with 503 and the next scrape, reviewed
+// again, gets through with the count: the shipped rules fire
+// UuidControllerMetricsReviewsFailing for that instance.
+func TestAlertMetricsReviewsFailing(t *testing.T) {
+	ctx := testCtx(t)
+	m := newMonitored(ctx, t)
+	var reviews, dropped atomic.Int64
+	kc := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/tokenreviews") || reviews.Add(1)%2 == 1 {
+			return false
+		}
+		dropped.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return true
+	})
+	p := m.launchVia(ctx, t, kc)
+	prom := m.startPrometheus(ctx, t, p)
+	u, err := url.Parse(p.MetricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, body := waitFiring(ctx, t, prom, "UuidControllerMetricsReviewsFailing", map[string]string{"instance": u.Host}, 3*time.Minute)
+	t.Logf("/api/v1/alerts: %s", body)
+	if v := alertValue(t, a); v <= 0 {
+		t.Errorf("alert value %v, want a rate of failed reviews above 0", v)
+	}
+	// The rate needs two scraped counts apart: two failed reviews at least.
+	if n := dropped.Load(); n < 2 {
+		t.Errorf("the alert fired with %d TokenReviews dropped, want 2 or more", n)
 	}
 }
 

@@ -30,6 +30,9 @@ func TestSchemaRejectsBadStatus(t *testing.T) {
 		mention     []string
 	}{
 		{"not a UUID", `{"status":{"uuid":"not-a-uuid"}}`, []string{"status.uuid", "not-a-uuid"}},
+		// The pattern is anchored at both ends.
+		{"a UUID and more", `{"status":{"uuid":"0b6f2a8e-5d4c-4f3b-9a1e-7c2d8e6f4a10-x"}}`, []string{"status.uuid", "4a10-x"}},
+		{"more and a UUID", `{"status":{"uuid":"x-0b6f2a8e-5d4c-4f3b-9a1e-7c2d8e6f4a10"}}`, []string{"status.uuid", "x-0b6f"}},
 		{"a number", `{"status":{"uuid":12345}}`, []string{"status.uuid", "int64"}},
 		{"an unknown state", `{"status":{"state":"Bogus"}}`, []string{"status.state", "Bogus"}},
 		{"status not an object", `{"status":"done"}`, []string{"status", "object"}},

@@ -131,12 +131,25 @@ func (p *blackholeProxy) kubeconfig(t *testing.T) string {
 	return path
 }
 
+// The defaults of --kube-api-read-idle-timeout and --kube-api-ping-timeout
+// (flags.go, docs/flags.md), which TestBlackholedConnection runs with.
+const (
+	defaultReadIdleTimeout = 5 * time.Second
+	defaultPingTimeout     = 3 * time.Second
+	// reconnectAllowance is the time past the ping's timeout for a new
+	// connection, the informer's list and watch, and the writes: about
+	// 1.5 s measured on a loaded 2-core machine (2026-12-05).
+	reconnectAllowance = 4 * time.Second
+)
+
 // TestBlackholedConnection: the controller's apiserver connection goes
 // silent without closing. With its default flags the controller notices
-// (HTTP/2 ping unanswered), reconnects, and objects created during the
-// outage get their UUIDs within 30 s of its start; client-go's own
-// defaults would take some 45 s to notice. No UUID changes, and the
-// controller keeps running. The recovery time is printed.
+// (after the read-idle timeout it pings, and the ping goes unanswered for
+// the ping timeout), reconnects, and objects created during the outage get
+// their UUIDs within those two timeouts plus reconnectAllowance (12 s), so
+// doubling either default fails it; client-go's own defaults would take
+// some 45 s to notice. No UUID changes, and the controller keeps running.
+// The recovery time is printed.
 func TestBlackholedConnection(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
@@ -149,7 +162,8 @@ func TestBlackholedConnection(t *testing.T) {
 	start := time.Now()
 	proxy.Blackhole()
 	during := createUuids(ctx, t, ns, "during", 5)
-	ids := waitUUIDs(ctx, t, ns, during, 30*time.Second)
+	bound := defaultReadIdleTimeout + defaultPingTimeout + reconnectAllowance
+	ids := waitUUIDs(ctx, t, ns, during, bound)
 	recovery := time.Since(start)
 	t.Logf("blackhole recovery: objects created as the connection went silent got their UUIDs %s later (%d new connections)",
 		recovery.Round(100*time.Millisecond), proxy.accepted.Load()-dialsBefore)

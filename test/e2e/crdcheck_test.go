@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -104,7 +105,9 @@ func TestCRDWithoutStatusSubresource(t *testing.T) {
 		t.Fatal("the controller reports ready on a CRD without the status subresource")
 	}
 	names = append(names, createUuids(ctx, t, ns, "late", 2)...)
-	time.Sleep(quiet) // retries, with backoff up to 2 s
+	// Every object held back and retried twice (backoff up to 2 s): the
+	// queue's retry count is the signal.
+	retriedAtLeast(ctx, t, p, 2*len(names))
 	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, time.Second, "no status subresource"))
 	for _, n := range names {
 		if state, id := status(ctx, t, ns, n); state != "" || id != "" {
@@ -201,7 +204,7 @@ func TestCRDSchemaPrunesUUID(t *testing.T) {
 	p := launchController(ctx, t, env.kubeconfig, ns)
 	body := waitNotReady(ctx, t, p, 30*time.Second, "no status.uuid")
 	names := createUuids(ctx, t, ns, "pruned", 2)
-	time.Sleep(quiet)
+	retriedAtLeast(ctx, t, p, 2*len(names))
 	if !strings.Contains(body, "[-]crd failed") {
 		t.Errorf("/readyz body %q does not name the failed crd check", body)
 	}
@@ -221,4 +224,16 @@ func TestCRDSchemaPrunesUUID(t *testing.T) {
 	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Errorf("not ready once crd.yaml is applied: %v", err)
 	}
+}
+
+// retriedAtLeast waits until p's queue has put keys back with backoff n
+// times (workqueue_retries_total of the uuid queue): writes held back and
+// tried again, the positive signal that the controller had its chances to
+// write and did not.
+func retriedAtLeast(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, n int) {
+	t.Helper()
+	isUUIDQueue := func(l map[string]string) bool { return l["name"] == "uuid" }
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d retries of held-back writes", n), func() bool {
+		return controllerMetric(ctx, t, p, "workqueue_retries_total", isUUIDQueue) >= float64(n)
+	})
 }

@@ -95,6 +95,7 @@ func TestMetricsTokenFlood(t *testing.T) {
 	lines := int(settled(t, func() (float64, error) { return float64(strings.Count(p.Output(), "\n")), nil })) - linesBefore
 
 	t.Logf("flood: %d clients for %s sent %d requests: answers %v", floodClients, floodFor, flood.total(), flood.summary())
+	flood.check(t)
 	scrapes.check(t, "the legitimate scraper during the flood", http.StatusOK)
 	t.Logf("the controller logged %d lines during the flood", lines)
 	if lines >= maxFloodLines {
@@ -113,6 +114,36 @@ func TestMetricsTokenFlood(t *testing.T) {
 	t.Logf("create-to-UUID of %d objects one at a time before the flood: %v", len(idle), roundAll(idle))
 	t.Logf("create-to-UUID of the %d objects created during the flood: %v", len(names), roundAll(took))
 	mustStayRunning(t, p)
+}
+
+// The budget for new tokens' reviews (internal/metricsserver's
+// unknownReviewQPS and unknownReviewBurst, docs/security.md): 5 a second
+// after a burst of 10.
+const (
+	unknownReviewQPS   = 5
+	unknownReviewBurst = 10
+)
+
+// check asserts what the flood got back: each made-up token either
+// reviewed and refused (401) within the new-token budget over the flood's
+// length (a second more for requests in flight as it ends), or refused
+// unreviewed with 429; never the metrics, never a 403, never a 503.
+func (f *floodCodes) check(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	budget := unknownReviewBurst + unknownReviewQPS*int((floodFor+time.Second)/time.Second)
+	if n := f.codes[http.StatusUnauthorized]; n == 0 || n > budget {
+		t.Errorf("the flood got %d 401s (tokens reviewed), want 1 to %d, the new-token budget over %s", n, budget, floodFor)
+	}
+	if f.codes[http.StatusTooManyRequests] == 0 {
+		t.Errorf("the flood got no 429 (answers %v): its tokens were not rate limited", f.codes)
+	}
+	for code, n := range f.codes {
+		if code != http.StatusUnauthorized && code != http.StatusTooManyRequests && code != 0 {
+			t.Errorf("the flood got %d answers %d; want only 401 and 429", n, code)
+		}
+	}
 }
 
 // floodCodes counts the flood's answers by status code (0: no answer).

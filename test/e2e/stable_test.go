@@ -1,17 +1,59 @@
 package e2e
 
 import (
+	"context"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/demo-operator/uuid-controller/test/cluster"
 )
 
-// quiet is how long a test waits to see that nothing is written. Resync in
-// these tests is 1 s, so this spans several resyncs.
-const quiet = 4 * time.Second
+// resyncWitness is an object held in its deletion by kopf's finalizer. A
+// controller without --remove-kopf-finalizer queues it at every resync and
+// logs it each time (syncUUID), so the lines it logs count the resyncs a
+// process has worked through: the positive signal that the resyncs a test
+// waits for have happened, and that everything queued before them (the
+// events of the step before) has been taken from the queue.
+type resyncWitness struct{ ns, name string }
+
+// newResyncWitness creates the witness in ns, waits for its UUID (its one
+// status write), then deletes it; it stays held until the test ends.
+func newResyncWitness(ctx context.Context, t *testing.T, ns string) *resyncWitness {
+	t.Helper()
+	w := &resyncWitness{ns: ns, name: "resync-witness"}
+	createBare(ctx, t, ns, w.name, kopfFinalizer)
+	t.Cleanup(func() { dropFinalizers(ns, w.name) })
+	waitUUIDs(ctx, t, ns, []string{w.name}, 30*time.Second)
+	deleteUuid(ctx, t, ns, w.name)
+	return w
+}
+
+// logged counts the times p logged the witness waiting for kopf's
+// finalizer.
+func (w *resyncWitness) logged(p *cluster.ControllerProcess) int {
+	n := 0
+	for _, line := range strings.Split(p.Output(), "\n") {
+		if strings.Contains(line, "waits for kopf's finalizer") && strings.Contains(line, w.ns+"/"+w.name) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitResyncs waits until each of ps has logged the witness twice more:
+// two resyncs of each since the call.
+func (w *resyncWitness) waitResyncs(t *testing.T, ps ...*cluster.ControllerProcess) {
+	t.Helper()
+	for _, p := range ps {
+		start := w.logged(p)
+		waitFor(t, 30*time.Second, "two resyncs (the held witness logged twice more)", func() bool { return w.logged(p) >= start+2 })
+	}
+}
 
 // TestUUIDIsStable: once assigned, a UUID survives an update of the object,
 // resyncs, a controller restart and a second replica, and none of them
@@ -20,21 +62,25 @@ func TestUUIDIsStable(t *testing.T) {
 	ctx := testCtx(t)
 	ns := newNamespace(ctx, t)
 	p := startController(ctx, t, ns, "--resync", "1s")
+	witness := newResyncWitness(ctx, t, ns)
 	names := createUuids(ctx, t, ns, "stable", 5)
 	want := waitUUIDs(ctx, t, ns, names, 30*time.Second)
 	writes := apiStatusWrites(ctx, t)
 
-	unchanged := func(step string) {
+	// After each step, two resyncs of every running replica (the
+	// witness's log lines), then the counts: the witness's one write and
+	// one for each object.
+	unchanged := func(step string, ps ...*cluster.ControllerProcess) {
 		t.Helper()
-		time.Sleep(quiet)
+		witness.waitResyncs(t, ps...)
 		if got := waitUUIDs(ctx, t, ns, names, time.Second); !maps.Equal(got, want) {
 			t.Errorf("after %s: UUIDs changed from %v to %v", step, want, got)
 		}
 		if got := apiStatusWrites(ctx, t); got != writes {
 			t.Errorf("after %s: the apiserver counted %v more status writes, want 0", step, got-writes)
 		}
-		if got := auditedStatusPatches(t, ns, 0); got != len(names) {
-			t.Errorf("after %s: the audit log has %d status writes for %d objects, want one each", step, got, len(names))
+		if got := auditedStatusPatches(t, ns, 0); got != len(names)+1 {
+			t.Errorf("after %s: the audit log has %d status writes for %d objects and the witness, want one each", step, got, len(names))
 		}
 	}
 
@@ -45,28 +91,30 @@ func TestUUIDIsStable(t *testing.T) {
 			t.Fatalf("update %s: %v", n, err)
 		}
 	}
-	unchanged("an update and resyncs")
-	if got := metricReaches(ctx, t, p, "uuid_controller_status_writes_total", nil, float64(len(names))); got != float64(len(names)) {
-		t.Errorf("controller counted %v status writes, want %d", got, len(names))
+	unchanged("an update and resyncs", p)
+	// One for each object and the witness's.
+	if got := metricReaches(ctx, t, p, "uuid_controller_status_writes_total", nil, float64(len(names)+1)); got != float64(len(names)+1) {
+		t.Errorf("controller counted %v status writes, want %d", got, len(names)+1)
 	}
 
 	if code, took := p.Stop(); code != 0 {
 		t.Fatalf("controller exit code %d after %s", code, took)
 	}
 	p = startController(ctx, t, ns, "--resync", "1s")
-	unchanged("a restart")
+	unchanged("a restart", p)
 
 	second := startController(ctx, t, ns, "--resync", "1s")
-	unchanged("a second replica started")
+	unchanged("a second replica started", p, second)
 
 	// Both replicas race for new objects (no leader election): the
 	// resourceVersion precondition lets exactly one write land per object.
 	more := createUuids(ctx, t, ns, "raced", 20)
 	waitUUIDs(ctx, t, ns, more, 30*time.Second)
-	time.Sleep(quiet)
-	// 5 objects from before, and one write for each new one.
-	if got := auditedStatusPatches(t, ns, 200); got != len(names)+len(more) {
-		t.Errorf("two replicas: the audit log has %d successful status writes for %d objects, want exactly one each", got, len(names)+len(more))
+	// Both have worked their queues through two resyncs since.
+	witness.waitResyncs(t, p, second)
+	// 5 objects from before and the witness, and one write for each new one.
+	if got := auditedStatusPatches(t, ns, 200); got != len(names)+1+len(more) {
+		t.Errorf("two replicas: the audit log has %d successful status writes for %d objects and the witness, want exactly one each", got, len(names)+len(more))
 	}
 	var ok float64
 	ok += controllerMetric(ctx, t, p, "uuid_controller_status_writes_total", func(l map[string]string) bool { return l["result"] == "ok" })

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -143,15 +144,23 @@ func childOf(t *testing.T, parent int) int {
 	return 0
 }
 
+// waitFor polls f every 50 ms until it returns a value other than 0,
+// within a context that ends after 20 s (or with the test).
 func waitFor(t *testing.T, what string, f func() int) int {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
 		if v := f(); v != 0 {
 			return v
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s: %v", what, context.Cause(ctx))
+			return 0
+		case <-tick.C:
+		}
 	}
-	t.Fatalf("timed out waiting for %s", what)
-	return 0
 }
