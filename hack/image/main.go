@@ -69,6 +69,9 @@ type buildOptions struct {
 	buildArgs                        map[string]string
 	// loadPlatform is the platform manifest.json (docker load) holds.
 	loadPlatform platform
+	// sbom and provenance, when set, are the files the index's SBOM
+	// (CycloneDX JSON) and unsigned SLSA provenance (in-toto) go to.
+	sbom, provenance string
 }
 
 func buildCmd(args []string) error {
@@ -82,6 +85,8 @@ func buildCmd(args []string) error {
 	fs.Var(&buildArgs, "build-arg", "NAME=VALUE for a Dockerfile ARG, as docker build --build-arg (repeatable)")
 	fs.StringVar(&o.tag, "tag", "", "the image's tag, e.g. uuid-controller:dev")
 	fs.StringVar(&o.out, "o", "", "the image archive to write")
+	fs.StringVar(&o.sbom, "sbom", "", "write the index's SBOM (CycloneDX JSON: each binary's Go modules) to this file")
+	fs.StringVar(&o.provenance, "provenance", "", "write the index's SLSA v1 provenance (an in-toto statement) to this file")
 	load := fs.String("load-platform", runtime.GOOS+"/"+runtime.GOARCH, "the platform `docker load` gets from the archive")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -119,6 +124,11 @@ func registryCmd(cmd string, args []string) error {
 	archive := fs.String("i", "", "push: the image archive `make image` wrote")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	ca := fs.String("ca", "", "a PEM CA certificate to trust besides the system's (a registry with a private CA)")
+	var att attachments
+	fs.StringVar(&att.sbom, "sbom", "", "push: attach this SBOM (build -sbom) to the index as an OCI 1.1 referrer")
+	fs.StringVar(&att.provenance, "provenance", "", "push: attach this provenance (build -provenance) to the index as an OCI 1.1 referrer, signed with -key")
+	fs.StringVar(&att.key, "key", os.Getenv("SIGNING_KEY"), "push: sign the index (as `cosign sign --key` does, no transparency log) and the provenance with this PEM private key; "+
+		"a cosign key's password comes from $COSIGN_PASSWORD (default $SIGNING_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -133,7 +143,7 @@ func registryCmd(cmd string, args []string) error {
 		if *archive == "" {
 			return errors.New("push: -i ARCHIVE is required")
 		}
-		ref, err = push(ctx, *archive, fs.Arg(0), *ca)
+		ref, err = pushAndAttach(ctx, *archive, fs.Arg(0), *ca, att)
 	} else {
 		ref, err = resolve(ctx, fs.Arg(0), *ca)
 	}

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
+	sigopts "github.com/sigstore/sigstore/pkg/signature/options"
+)
+
+// What cosign reads and writes: the simple-signing payload's media type, the
+// layer annotation holding the signature, and the payload's type.
+const (
+	cosignPayloadMediaType   = "application/vnd.dev.cosign.simplesigning.v1+json"
+	cosignSignatureAnnotaton = "dev.cosignproject.cosign/signature"
+	cosignSignatureType      = "cosign container image signature"
+	dsseMediaType            = "application/vnd.dsse.envelope.v1+json"
+	emptyConfigMediaType     = "application/vnd.oci.empty.v1+json"
+)
+
+// attachments are what push adds to the pushed index: the SBOM and the
+// provenance build wrote, and the key that signs the index and the
+// provenance. Each is optional.
+type attachments struct {
+	sbom, provenance string // files
+	key              string // a PEM private key: cosign's (encrypted) or PKCS#8/EC
+}
+
+// pushAndAttach pushes the index as push does, then attaches the SBOM and
+// the provenance to it as OCI 1.1 referrers (an artifact manifest whose
+// subject is the index; on a registry without the referrers API,
+// go-containerregistry keeps the sha256-<digest> tag index the OCI
+// distribution spec describes), and signs the index as cosign does, in
+// the sha256-<digest>.sig tag. The provenance is signed too, as a DSSE
+// envelope. It returns the index by digest.
+func pushAndAttach(ctx context.Context, archive, ref, caFile string, att attachments) (string, error) {
+	var signer signature.Signer
+	if att.key != "" {
+		var err error
+		if signer, err = loadSigner(att.key); err != nil {
+			return "", err
+		}
+	}
+	pushed, err := push(ctx, archive, ref, caFile)
+	if err != nil {
+		return "", err
+	}
+	d, err := name.NewDigest(pushed)
+	if err != nil {
+		return "", err
+	}
+	opts, err := remoteOptions(ctx, caFile)
+	if err != nil {
+		return "", err
+	}
+	desc, err := remote.Head(d, opts...)
+	if err != nil {
+		return "", registryError("reading back "+pushed, d.RegistryStr(), err)
+	}
+	subject := v1.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size}
+	if att.sbom != "" {
+		data, err := os.ReadFile(att.sbom)
+		if err != nil {
+			return "", fmt.Errorf("SBOM: %w", err)
+		}
+		if _, err := attach(d.Context(), subject, sbomMediaType, sbomMediaType, data, opts); err != nil {
+			return "", registryError("attaching the SBOM to "+pushed, d.RegistryStr(), err)
+		}
+	}
+	if att.provenance != "" {
+		data, err := os.ReadFile(att.provenance)
+		if err != nil {
+			return "", fmt.Errorf("provenance: %w", err)
+		}
+		mt := provenanceMediaType
+		if signer != nil {
+			if data, err = dsseSign(signer, provenanceMediaType, data); err != nil {
+				return "", fmt.Errorf("signing the provenance: %w", err)
+			}
+			mt = dsseMediaType
+		}
+		if _, err := attach(d.Context(), subject, provenanceMediaType, mt, data, opts); err != nil {
+			return "", registryError("attaching the provenance to "+pushed, d.RegistryStr(), err)
+		}
+	}
+	if signer != nil {
+		if err := sign(d, signer, opts); err != nil {
+			return "", registryError("signing "+pushed, d.RegistryStr(), err)
+		}
+	}
+	return pushed, nil
+}
+
+// rawManifest is a manifest to PUT as it is.
+type rawManifest struct {
+	raw []byte
+	mt  types.MediaType
+}
+
+func (m rawManifest) RawManifest() ([]byte, error)        { return m.raw, nil }
+func (m rawManifest) MediaType() (types.MediaType, error) { return m.mt, nil }
+
+// attach uploads data as an OCI 1.1 artifact (artifactType, the empty
+// config, one layer of mediaType) whose subject is the index, and returns
+// the artifact's manifest digest.
+func attach(repo name.Repository, subject v1.Descriptor, artifactType, mediaType string, data []byte, opts []remote.Option) (v1.Hash, error) {
+	cfg := static.NewLayer([]byte("{}"), emptyConfigMediaType)
+	layer := static.NewLayer(data, types.MediaType(mediaType))
+	var descs []v1.Descriptor
+	for _, l := range []v1.Layer{cfg, layer} {
+		if err := remote.WriteLayer(repo, l, opts...); err != nil {
+			return v1.Hash{}, err
+		}
+		d, err := l.Digest()
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		size, err := l.Size()
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		mt, err := l.MediaType()
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		descs = append(descs, v1.Descriptor{MediaType: mt, Digest: d, Size: size})
+	}
+	m := v1.Manifest{
+		SchemaVersion: 2, MediaType: types.OCIManifestSchema1, ArtifactType: artifactType,
+		Config: descs[0], Layers: descs[1:], Subject: &subject,
+	}
+	m.Config.Data = []byte("{}") // as the image spec's empty descriptor carries it
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	h, _, err := v1.SHA256(bytes.NewReader(raw))
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	return h, remote.Put(repo.Digest(h.String()), rawManifest{raw, types.OCIManifestSchema1}, opts...)
+}
+
+// loadSigner reads a PEM private key: one `cosign generate-key-pair` wrote
+// (encrypted; the password from $COSIGN_PASSWORD, as cosign reads it), or an
+// unencrypted PKCS#8 or EC key (openssl genpkey). ECDSA keys sign with
+// SHA-256, as cosign's do.
+func loadSigner(file string) (signature.Signer, error) {
+	pf := func(bool) ([]byte, error) { return []byte(os.Getenv("COSIGN_PASSWORD")), nil }
+	s, err := signature.LoadSignerFromPEMFile(file, crypto.SHA256, pf)
+	if err != nil {
+		return nil, fmt.Errorf("signing key %s: %w", file, err)
+	}
+	return s, nil
+}
+
+// simpleSigning is the payload cosign signs for an image: its repository
+// and manifest digest.
+type simpleSigning struct {
+	Critical struct {
+		Identity struct {
+			DockerReference string `json:"docker-reference"`
+		} `json:"identity"`
+		Image struct {
+			DockerManifestDigest string `json:"docker-manifest-digest"`
+		} `json:"image"`
+		Type string `json:"type"`
+	} `json:"critical"`
+	Optional map[string]any `json:"optional"`
+}
+
+// sign writes the signature `cosign sign --key` would, without a
+// transparency log: the simple-signing payload for d as the one layer of an
+// image tagged sha256-<hex>.sig in d's repository, its signature in the
+// layer's annotation. A signature already there is replaced.
+func sign(d name.Digest, signer signature.Signer, opts []remote.Option) error {
+	var p simpleSigning
+	p.Critical.Identity.DockerReference = d.Context().Name()
+	p.Critical.Image.DockerManifestDigest = d.DigestStr()
+	p.Critical.Type = cosignSignatureType
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	sig, err := signer.SignMessage(bytes.NewReader(payload), sigopts.WithContext(context.Background()))
+	if err != nil {
+		return err
+	}
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.Append(base, mutate.Addendum{
+		Layer:       static.NewLayer(payload, cosignPayloadMediaType),
+		Annotations: map[string]string{cosignSignatureAnnotaton: base64.StdEncoding.EncodeToString(sig)},
+	})
+	if err != nil {
+		return err
+	}
+	return remote.Write(signatureTag(d), img, opts...)
+}
+
+// signatureTag is where cosign looks for d's signatures.
+func signatureTag(d name.Digest) name.Tag {
+	return d.Context().Tag(strings.Replace(d.DigestStr(), ":", "-", 1) + ".sig")
+}
+
+// dsseEnvelope is a DSSE envelope (github.com/secure-systems-lab/dsse).
+type dsseEnvelope struct {
+	PayloadType string `json:"payloadType"`
+	Payload     string `json:"payload"`
+	Signatures  []struct {
+		KeyID string `json:"keyid"`
+		Sig   string `json:"sig"`
+	} `json:"signatures"`
+}
+
+// dssePAE is DSSE's pre-authentication encoding, what is signed.
+func dssePAE(payloadType string, payload []byte) []byte {
+	return []byte("DSSEv1 " + strconv.Itoa(len(payloadType)) + " " + payloadType + " " + strconv.Itoa(len(payload)) + " " + string(payload))
+}
+
+// dsseSign wraps payload in a DSSE envelope signed by signer.
+func dsseSign(signer signature.Signer, payloadType string, payload []byte) ([]byte, error) {
+	sig, err := signer.SignMessage(bytes.NewReader(dssePAE(payloadType, payload)))
+	if err != nil {
+		return nil, err
+	}
+	env := dsseEnvelope{PayloadType: payloadType, Payload: base64.StdEncoding.EncodeToString(payload)}
+	env.Signatures = append(env.Signatures, struct {
+		KeyID string `json:"keyid"`
+		Sig   string `json:"sig"`
+	}{"", base64.StdEncoding.EncodeToString(sig)})
+	return json.Marshal(env)
+}
+
+// dsseVerify checks a DSSE envelope against a PEM public key and returns
+// its payload.
+func dsseVerify(envelope, publicKeyPEM []byte) (payloadType string, payload []byte, err error) {
+	var env dsseEnvelope
+	if err := json.Unmarshal(envelope, &env); err != nil {
+		return "", nil, fmt.Errorf("not a DSSE envelope: %w", err)
+	}
+	pub, err := cryptoutils.UnmarshalPEMToPublicKey(publicKeyPEM)
+	if err != nil {
+		return "", nil, err
+	}
+	v, err := signature.LoadVerifier(pub, crypto.SHA256)
+	if err != nil {
+		return "", nil, err
+	}
+	if payload, err = base64.StdEncoding.DecodeString(env.Payload); err != nil {
+		return "", nil, err
+	}
+	if len(env.Signatures) == 0 {
+		return "", nil, errors.New("the DSSE envelope has no signature")
+	}
+	for _, s := range env.Signatures {
+		sig, err := base64.StdEncoding.DecodeString(s.Sig)
+		if err != nil {
+			return "", nil, err
+		}
+		if err := v.VerifySignature(bytes.NewReader(sig), bytes.NewReader(dssePAE(env.PayloadType, payload))); err != nil {
+			return "", nil, fmt.Errorf("DSSE signature: %w", err)
+		}
+	}
+	return env.PayloadType, payload, nil
+}
