@@ -31,7 +31,6 @@ const (
 	cosignSignatureAnnotaton = "dev.cosignproject.cosign/signature"
 	cosignSignatureType      = "cosign container image signature"
 	dsseMediaType            = "application/vnd.dsse.envelope.v1+json"
-	emptyConfigMediaType     = "application/vnd.oci.empty.v1+json"
 )
 
 // attachments are what push adds to the pushed index: the SBOM and the
@@ -116,11 +115,14 @@ type rawManifest struct {
 func (m rawManifest) RawManifest() ([]byte, error)        { return m.raw, nil }
 func (m rawManifest) MediaType() (types.MediaType, error) { return m.mt, nil }
 
-// attach uploads data as an OCI 1.1 artifact (artifactType, the empty
-// config, one layer of mediaType) whose subject is the index, and returns
-// the artifact's manifest digest.
+// attach uploads data as an OCI 1.1 artifact (artifactType, a config of
+// "{}", one layer of mediaType) whose subject is the index, and returns the
+// artifact's manifest digest. The config's media type is the artifact type
+// too, not the image spec's empty type: the spec lets a registry's
+// referrers list take the type from either, and some take it from the
+// config alone (go-containerregistry's registry does).
 func attach(repo name.Repository, subject v1.Descriptor, artifactType, mediaType string, data []byte, opts []remote.Option) (v1.Hash, error) {
-	cfg := static.NewLayer([]byte("{}"), emptyConfigMediaType)
+	cfg := static.NewLayer([]byte("{}"), types.MediaType(artifactType))
 	layer := static.NewLayer(data, types.MediaType(mediaType))
 	var descs []v1.Descriptor
 	for _, l := range []v1.Layer{cfg, layer} {
@@ -145,7 +147,6 @@ func attach(repo name.Repository, subject v1.Descriptor, artifactType, mediaType
 		SchemaVersion: 2, MediaType: types.OCIManifestSchema1, ArtifactType: artifactType,
 		Config: descs[0], Layers: descs[1:], Subject: &subject,
 	}
-	m.Config.Data = []byte("{}") // as the image spec's empty descriptor carries it
 	raw, err := json.Marshal(m)
 	if err != nil {
 		return v1.Hash{}, err
