@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -312,5 +313,46 @@ func TestAttach(t *testing.T) {
 	t.Logf("provenance with one byte changed: %v", err)
 	if err == nil {
 		t.Error("a changed provenance verified")
+	}
+}
+
+// TestPinnedToolchain: build refuses a binary built with another Go than
+// the build context's go.mod pins, and a Dockerfile whose golang base is
+// another release; the repository's go.mod pins the Go this machine has.
+func TestPinnedToolchain(t *testing.T) {
+	if got, err := pinnedToolchain("../.."); err != nil || got != runtime.Version() {
+		t.Errorf("the repository's go.mod pins %q (%v); this Go is %s", got, err, runtime.Version())
+	}
+	dir := t.TempDir()
+	bin := goBuildFile(t, dir, dockerfileEnv, "-trimpath", "-ldflags=-s -w")
+	if err := checkGoVersion(bin, runtime.Version()); err != nil {
+		t.Errorf("a binary built with this Go: %v", err)
+	}
+	err := checkGoVersion(bin, "go1.26.7")
+	t.Logf("a binary built with %s against toolchain go1.26.7: %v", runtime.Version(), err)
+	if err == nil || !strings.Contains(err.Error(), "go.mod pins toolchain go1.26.7") {
+		t.Errorf("a binary built with another Go: %v", err)
+	}
+
+	// A context whose go.mod pins go1.26.7: the Dockerfile's golang:1.26.8
+	// base disagrees, and build says so before packing anything.
+	ctxDir := filepath.Join(dir, "ctx")
+	if err := os.MkdirAll(ctxDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ctxDir, "go.mod"), []byte("module x\n\ngo 1.26.0\n\ntoolchain go1.26.7\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = build(buildOptions{dockerfile: "pause/Dockerfile", contextDir: ctxDir, binaries: []string{bin}, tag: "x:y",
+		out: filepath.Join(dir, "x.tar"), loadPlatform: hostPlatform})
+	t.Logf("build against toolchain go1.26.7: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "but go.mod pins toolchain go1.26.7") {
+		t.Errorf("build with a go.mod pinning go1.26.7: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(ctxDir, "go.mod"), []byte("module x\n\ngo 1.26\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pinnedToolchain(ctxDir); err == nil || !strings.Contains(err.Error(), "names no toolchain") {
+		t.Errorf("a go.mod without a toolchain: %v", err)
 	}
 }
