@@ -272,3 +272,24 @@ monitoring-test:
 monitoring-rules: manifests
 	{ sed '/^spec:$$/q' $(MONITORING)/prometheusrule.yaml; grep -v '^#' $(MONITORING)/prometheus/rules.yaml | sed 's/^\(.\)/  \1/'; } > $(MONITORING)/prometheusrule.yaml.tmp
 	mv $(MONITORING)/prometheusrule.yaml.tmp $(MONITORING)/prometheusrule.yaml
+
+## ---- vulnerabilities (issue 30): govulncheck, offline ----
+# The database comes from the module proxy: golang.org/x/vulndb's data/osv
+# (OSV JSON files) at the version hack/vulncheck/vulndb.version pins, indexed
+# into govulncheck's v1 layout by hack/vulncheck (docs/security.md).
+VULN_DIR := hack/vulncheck
+VULNDB_VERSION = $(shell cat $(VULN_DIR)/vulndb.version)
+VULNDB_OUT := .local/vulndb
+.PHONY: vulncheck vulncheck-test
+## vulncheck: govulncheck over the module (and hack/image, which builds the image)
+##            with the Go vulnerability database from the module proxy; exit 3 on a finding
+vulncheck:
+	@osv=$$(GOFLAGS= go mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^	"Dir": "\(.*\)",$$/\1/p')/data/osv && \
+		cd $(VULN_DIR) && GOFLAGS=-mod=mod go run . -osv $$osv -out $(abspath $(VULNDB_OUT))
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go tool govulncheck -db file://$(abspath $(VULNDB_OUT)) -C $(CURDIR) ./...
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go tool govulncheck -db file://$(abspath $(VULNDB_OUT)) -C $(CURDIR)/hack/image ./...
+
+## vulncheck-test: hack/vulncheck's test: the database built from vulndb flags
+##                 golang.org/x/text v0.3.7 (GO-2022-1059) and not v0.3.8
+vulncheck-test:
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 20m ./...
