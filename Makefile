@@ -293,3 +293,28 @@ vulncheck:
 ##                 golang.org/x/text v0.3.7 (GO-2022-1059) and not v0.3.8
 vulncheck-test:
 	cd $(VULN_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 20m ./...
+
+## ---- the chart from a registry (issue 30) ----
+.PHONY: chart-push
+## chart-push: package charts/uuid-controller with its image defaulting to what the registry
+##             tag $(IMG) names now, by digest (make image-push first), push it with
+##             `helm push` to $(CHART_REPO) (oci://REGISTRY/PATH) as version $(CHART_VERSION),
+##             sign it with SIGNING_KEY as the image is signed, and print the chart by digest.
+##             Credentials: `helm registry login`; REGISTRY_CA=ca.crt as for image-push
+CHART_DIR := charts/uuid-controller
+CHART_REPO ?=
+CHART_VERSION ?= $(shell sed -n 's/^version: //p' $(CHART_DIR)/Chart.yaml)
+CHART_OUT := .local/chart
+chart-push: $(BIN_DIR)/helm
+	@test -n "$(CHART_REPO)" || { echo "chart-push: CHART_REPO=oci://REGISTRY/PATH is required" >&2; exit 1; }
+	@set -e; ref=$$($(IMAGE_TOOL) digest $(REGISTRY_FLAGS) $(IMG)); \
+	rm -rf $(CHART_OUT) && mkdir -p $(CHART_OUT) && cp -r $(CHART_DIR) $(CHART_OUT)/; \
+	sed -i -e "s|^  repository: .*|  repository: $${ref%@*}|" -e "s|^  digest: \"\"|  digest: $${ref#*@}|" $(CHART_OUT)/uuid-controller/values.yaml; \
+	grep -q "^  digest: $${ref#*@}" $(CHART_OUT)/uuid-controller/values.yaml || { echo "chart-push: could not set image.digest in values.yaml" >&2; exit 1; }; \
+	$(BIN_DIR)/helm package --version $(CHART_VERSION) -d $(CHART_OUT) $(CHART_OUT)/uuid-controller >&2; \
+	out=$$($(BIN_DIR)/helm push $(CHART_OUT)/uuid-controller-$(CHART_VERSION).tgz $(CHART_REPO) $(if $(REGISTRY_CA),--ca-file $(abspath $(REGISTRY_CA))) 2>&1) || { echo "$$out" >&2; exit 1; }; \
+	echo "$$out" >&2; digest=$$(echo "$$out" | sed -n 's/^Digest: //p'); \
+	test -n "$$digest" || { echo "chart-push: helm push printed no digest" >&2; exit 1; }; \
+	chart=$$(echo $(CHART_REPO) | sed 's|^oci://||')/uuid-controller@$$digest; \
+	$(if $(SIGNING_KEY),($(IMAGE_TOOL) sign $(REGISTRY_FLAGS) -key $(abspath $(SIGNING_KEY)) $$chart) >&2;) \
+	echo "$$chart"

@@ -280,3 +280,27 @@ func dsseVerify(envelope, publicKeyPEM []byte) (payloadType string, payload []by
 	}
 	return env.PayloadType, payload, nil
 }
+
+// signCmd signs ref, a manifest by digest (e.g. the chart `helm push`
+// uploaded), as push signs the index, and returns the signature's tag.
+func signCmd(ctx context.Context, ref, caFile, key string) (string, error) {
+	if key == "" {
+		return "", errors.New("sign: -key (or $SIGNING_KEY) is required")
+	}
+	d, err := name.NewDigest(ref, name.WeakValidation)
+	if err != nil {
+		return "", fmt.Errorf("sign: %q: %w (want REGISTRY/REPOSITORY@sha256:...)", ref, err)
+	}
+	signer, err := loadSigner(key)
+	if err != nil {
+		return "", err
+	}
+	opts, err := remoteOptions(ctx, caFile)
+	if err != nil {
+		return "", err
+	}
+	if err := sign(d, signer, opts); err != nil {
+		return "", registryError("signing "+ref, d.RegistryStr(), err)
+	}
+	return signatureTag(d).String(), nil
+}

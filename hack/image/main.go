@@ -21,7 +21,9 @@
 // (`docker load` reads it).
 //
 // push uploads the index to a registry with the docker config's credentials
-// and prints it by digest; digest prints what a tag names now, by digest.
+// and prints it by digest; digest prints what a tag names now, by digest;
+// sign signs any manifest by digest (the chart `helm push` uploaded) as
+// cosign does and prints the signature's tag.
 package main
 
 import (
@@ -37,17 +39,17 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: image build|push|digest [flags]")
+		fmt.Fprintln(os.Stderr, "usage: image build|push|digest|sign [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "build":
 		err = buildCmd(args)
-	case "push", "digest":
+	case "push", "digest", "sign":
 		err = registryCmd(cmd, args)
 	default:
-		err = fmt.Errorf("unknown command %q: want build, push or digest", cmd)
+		err = fmt.Errorf("unknown command %q: want build, push, digest or sign", cmd)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -133,18 +135,21 @@ func registryCmd(cmd string, args []string) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("%s: want one image reference, REGISTRY/REPOSITORY:TAG", cmd)
+		return fmt.Errorf("%s: want one image reference, REGISTRY/REPOSITORY:TAG (sign: REGISTRY/REPOSITORY@sha256:...)", cmd)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var ref string
 	var err error
-	if cmd == "push" {
+	switch cmd {
+	case "sign":
+		ref, err = signCmd(ctx, fs.Arg(0), *ca, att.key)
+	case "push":
 		if *archive == "" {
 			return errors.New("push: -i ARCHIVE is required")
 		}
 		ref, err = pushAndAttach(ctx, *archive, fs.Arg(0), *ca, att)
-	} else {
+	default:
 		ref, err = resolve(ctx, fs.Arg(0), *ca)
 	}
 	if err != nil {
