@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -303,4 +305,118 @@ func signCmd(ctx context.Context, ref, caFile, key string) (string, error) {
 		return "", registryError("signing "+ref, d.RegistryStr(), err)
 	}
 	return signatureTag(d).String(), nil
+}
+
+// fetchAttestations reads what refers to ref (an index by digest, or a tag,
+// resolved first): the SBOM and the provenance push attached, through the
+// referrers API or its tag fallback. With pubKey (PEM) the provenance's
+// DSSE signature must check against it. It writes sbom.cdx.json and
+// provenance.json (the in-toto statement) into dir and returns the index
+// by digest.
+func fetchAttestations(ctx context.Context, ref, caFile, pubKey, dir string) (string, error) {
+	opts, err := remoteOptions(ctx, caFile)
+	if err != nil {
+		return "", err
+	}
+	r, err := name.ParseReference(ref, name.WeakValidation)
+	if err != nil {
+		return "", fmt.Errorf("image reference %q: %w", ref, err)
+	}
+	desc, err := remote.Head(r, opts...)
+	if err != nil {
+		return "", registryError("resolving "+ref, r.Context().RegistryStr(), err)
+	}
+	d := r.Context().Digest(desc.Digest.String())
+	idx, err := remote.Referrers(d, opts...)
+	if err != nil {
+		return "", registryError("listing what refers to "+d.String(), d.RegistryStr(), err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return "", err
+	}
+	var pub []byte
+	if pubKey != "" {
+		if pub, err = os.ReadFile(pubKey); err != nil {
+			return "", err
+		}
+	}
+	found := map[string]bool{}
+	for _, m := range im.Manifests {
+		var file string
+		switch m.ArtifactType {
+		case sbomMediaType:
+			file = "sbom.cdx.json"
+		case provenanceMediaType:
+			file = "provenance.json"
+		default:
+			continue
+		}
+		if found[file] {
+			return "", fmt.Errorf("%s: more than one %s refers to it", d, m.ArtifactType)
+		}
+		found[file] = true
+		img, err := remote.Image(d.Context().Digest(m.Digest.String()), opts...)
+		if err != nil {
+			return "", registryError("reading "+m.Digest.String(), d.RegistryStr(), err)
+		}
+		layers, err := img.Layers()
+		if err != nil {
+			return "", err
+		}
+		if len(layers) != 1 {
+			return "", fmt.Errorf("%s: %d layers, want 1", m.Digest, len(layers))
+		}
+		mt, err := layers[0].MediaType()
+		if err != nil {
+			return "", err
+		}
+		rc, err := layers[0].Compressed()
+		if err != nil {
+			return "", err
+		}
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return "", err
+		}
+		if m.ArtifactType == provenanceMediaType {
+			switch {
+			case mt == dsseMediaType && pub != nil:
+				var pt string
+				if pt, data, err = dsseVerify(data, pub); err != nil {
+					return "", fmt.Errorf("provenance of %s: %w", d, err)
+				}
+				if pt != provenanceMediaType {
+					return "", fmt.Errorf("provenance of %s: payload type %s", d, pt)
+				}
+			case pub != nil:
+				return "", fmt.Errorf("provenance of %s is not signed (%s), and -key asks for a signature", d, mt)
+			case mt == dsseMediaType: // unchecked: no key given
+				var env dsseEnvelope
+				if err := json.Unmarshal(data, &env); err != nil {
+					return "", err
+				}
+				if data, err = base64.StdEncoding.DecodeString(env.Payload); err != nil {
+					return "", err
+				}
+			}
+			var st statement
+			if err := json.Unmarshal(data, &st); err != nil {
+				return "", fmt.Errorf("provenance of %s: %w", d, err)
+			}
+			if len(st.Subject) == 0 || st.Subject[0].Digest["sha256"] != d.DigestStr()[len("sha256:"):] {
+				return "", fmt.Errorf("provenance of %s names another subject: %v", d, st.Subject)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, file), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	for _, f := range []string{"sbom.cdx.json", "provenance.json"} {
+		if !found[f] {
+			return "", fmt.Errorf("%s: no %s refers to it (pushed with make image-push?)", d, f)
+		}
+	}
+	return d.String(), nil
 }

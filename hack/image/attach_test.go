@@ -169,6 +169,13 @@ func TestAttach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pubFile, otherPubFile := filepath.Join(dir, "cosign.pub"), filepath.Join(dir, "other.pub")
+	if err := os.WriteFile(pubFile, pubPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(otherPubFile, otherPub, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	wantMods := goVersionModules(t, bin)
 	goVersionM, err := exec.Command("go", "version", "-m", bin).Output()
 	if err != nil {
@@ -267,6 +274,23 @@ func TestAttach(t *testing.T) {
 			}
 			if gotInfo != wantInfo {
 				t.Errorf("provenance's build info %q, go version -m says %q", bp, wantInfo)
+			}
+			// What a user runs: image attestations -pub cosign.pub TAG.
+			out := t.TempDir()
+			got, err := fetchAttestations(ctx, host+"/team/pause:v1", ca, pubFile, out)
+			if err != nil || got != pushed {
+				t.Errorf("attestations: %s, %v; pushed %s", got, err, pushed)
+			}
+			if b, _ := os.ReadFile(filepath.Join(out, "provenance.json")); !bytes.Equal(b, payload) {
+				t.Error("attestations wrote another provenance than the signed one")
+			}
+			if b, _ := os.ReadFile(filepath.Join(out, "sbom.cdx.json")); !bytes.Equal(b, want) {
+				t.Error("attestations wrote another SBOM than build's")
+			}
+			_, err = fetchAttestations(ctx, pushed, ca, otherPubFile, t.TempDir())
+			t.Logf("attestations with another key: %v", err)
+			if err == nil {
+				t.Error("attestations accepted the provenance with another key")
 			}
 			gb := st.Predicate.BuildDefinition.InternalParameters.GoBuild[hostPlatform.String()]
 			if gb.Flags["-ldflags"] != "-s -w" || gb.Flags["-trimpath"] != "true" || gb.Env["CGO_ENABLED"] != "0" || gb.Toolchain != "go1.26.8" {

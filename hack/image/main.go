@@ -23,7 +23,9 @@
 // push uploads the index to a registry with the docker config's credentials
 // and prints it by digest; digest prints what a tag names now, by digest;
 // sign signs any manifest by digest (the chart `helm push` uploaded) as
-// cosign does and prints the signature's tag.
+// cosign does and prints the signature's tag; attestations reads back the
+// SBOM and the provenance that refer to an index, checks the provenance's
+// signature, and writes both to files.
 package main
 
 import (
@@ -39,17 +41,17 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: image build|push|digest|sign [flags]")
+		fmt.Fprintln(os.Stderr, "usage: image build|push|digest|sign|attestations [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "build":
 		err = buildCmd(args)
-	case "push", "digest", "sign":
+	case "push", "digest", "sign", "attestations":
 		err = registryCmd(cmd, args)
 	default:
-		err = fmt.Errorf("unknown command %q: want build, push, digest or sign", cmd)
+		err = fmt.Errorf("unknown command %q: want build, push, digest, sign or attestations", cmd)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -127,6 +129,8 @@ func registryCmd(cmd string, args []string) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	ca := fs.String("ca", "", "a PEM CA certificate to trust besides the system's (a registry with a private CA)")
 	var att attachments
+	pub := fs.String("pub", "", "attestations: the PEM public key the provenance's signature must check against")
+	outDir := fs.String("o", ".", "attestations: the folder to write sbom.cdx.json and provenance.json to")
 	fs.StringVar(&att.sbom, "sbom", "", "push: attach this SBOM (build -sbom) to the index as an OCI 1.1 referrer")
 	fs.StringVar(&att.provenance, "provenance", "", "push: attach this provenance (build -provenance) to the index as an OCI 1.1 referrer, signed with -key")
 	fs.StringVar(&att.key, "key", os.Getenv("SIGNING_KEY"), "push: sign the index (as `cosign sign --key` does, no transparency log) and the provenance with this PEM private key; "+
@@ -144,6 +148,8 @@ func registryCmd(cmd string, args []string) error {
 	switch cmd {
 	case "sign":
 		ref, err = signCmd(ctx, fs.Arg(0), *ca, att.key)
+	case "attestations":
+		ref, err = fetchAttestations(ctx, fs.Arg(0), *ca, *pub, *outDir)
 	case "push":
 		if *archive == "" {
 			return errors.New("push: -i ARCHIVE is required")
