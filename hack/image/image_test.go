@@ -451,7 +451,14 @@ func TestBuildErrors(t *testing.T) {
 		{"missing Dockerfile", func(o *buildOptions) { o.dockerfile = filepath.Join(dir, "Dockerfile") }, "no such file"},
 		{"bad tag", func(o *buildOptions) { o.tag = "UPPER:case" }, "image tag"},
 		{"unwritable output", func(o *buildOptions) { o.out = filepath.Join(dir, "no", "x.tar") }, "writing"},
-		{"context file missing", func(o *buildOptions) { o.dockerfile, o.contextDir = "../../Dockerfile", dir }, "COPY source"},
+		{"context file missing", func(o *buildOptions) {
+			// A context with only go.mod (the pinned toolchain), none of the files COPY names.
+			if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module x\n\ngo 1.26.0\n\ntoolchain "+runtime.Version()+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o.dockerfile, o.contextDir = "../../Dockerfile", dir
+		}, "COPY source"},
+		{"context without go.mod", func(o *buildOptions) { o.contextDir = t.TempDir() }, "the build context's go.mod pins the Go toolchain"},
 		{"two binaries for one platform", func(o *buildOptions) { o.binaries = []string{bin, bin} }, "both " + hostPlatform.String() + " binaries"},
 		{"binary not among the platforms", func(o *buildOptions) { o.platforms = []platform{other} }, "not one of -platforms " + other.String()},
 		{"platform without a binary", func(o *buildOptions) { o.platforms = []platform{hostPlatform, other} }, "no -binary for platform " + other.String()},

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sigstore/cosign/v2/pkg/cosign"
@@ -142,6 +143,32 @@ func TestCosignVerify(t *testing.T) {
 	t.Logf("verified an index with one layer changed, carrying the original signature: %v", err)
 	if err == nil {
 		t.Error("an index with one layer changed verified")
+	}
+
+	// A chart as `helm push` uploads it (Helm's config and content media
+	// types), signed by `image sign` as make chart-push does.
+	chart := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), "application/vnd.cncf.helm.config.v1+json")
+	chart, err = mutate.Append(chart, mutate.Addendum{Layer: static.NewLayer([]byte("not really a chart"), "application/vnd.cncf.helm.chart.content.v1.tar+gzip")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chartTag := d.Context().Registry.Repo("charts", "uuid-controller").Tag("0.1.0")
+	if err := remote.Write(chartTag, chart); err != nil {
+		t.Fatal(err)
+	}
+	cd, err := chart.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chartRef := chartTag.Context().Digest(cd.String()).String()
+	imageTool(t, []string{"COSIGN_PASSWORD=" + password}, "sign", "-key", priv, chartRef)
+	if err := verify(ctx, chartRef, pub); err != nil {
+		t.Errorf("cosign verify --key cosign.pub %s (the chart): %v", chartRef, err)
+	}
+	err = verify(ctx, chartRef, otherPub)
+	t.Logf("verified the chart with another key: %v", err)
+	if err == nil {
+		t.Error("the chart's signature verified with another key")
 	}
 }
 
