@@ -3,9 +3,13 @@
 //
 //	go run . build -dockerfile ../../Dockerfile -context ../.. -platforms linux/amd64,linux/arm64 \
 //	    -binary ../../bin/image/linux_amd64/uuid-controller -binary ../../bin/image/linux_arm64/uuid-controller \
-//	    -build-arg VERSION=v0.1.0 -tag uuid-controller:dev -o ../../bin/uuid-controller.tar
-//	go run . push -i ../../bin/uuid-controller.tar registry.example/uuid-controller:v0.1.0
+//	    -build-arg VERSION=v0.1.0 -tag uuid-controller:dev -o ../../bin/uuid-controller.tar \
+//	    -sbom ../../bin/uuid-controller.sbom.cdx.json -provenance ../../bin/uuid-controller.provenance.json
+//	go run . push -i ../../bin/uuid-controller.tar -sbom ../../bin/uuid-controller.sbom.cdx.json \
+//	    -provenance ../../bin/uuid-controller.provenance.json -key cosign.key registry.example/uuid-controller:v0.1.0
 //	go run . digest registry.example/uuid-controller:v0.1.0
+//	go run . sign -key cosign.key registry.example/charts/uuid-controller@sha256:...
+//	go run . attestations -pub cosign.pub -o DIR registry.example/uuid-controller@sha256:...
 //
 // build packs an OCI image index with one image per platform, as the final
 // stage of a Dockerfile describes it. The Dockerfile is the one source of
