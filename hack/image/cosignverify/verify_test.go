@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/elliptic"
 	"io"
+	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -92,7 +93,7 @@ func verify(ctx context.Context, ref, pub string) error {
 func TestCosignVerify(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	srv := httptest.NewServer(registry.New(registry.WithReferrersSupport(true)))
+	srv := httptest.NewServer(registry.New(registry.WithReferrersSupport(true), registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
 	host := strings.TrimPrefix(srv.URL, "http://")
 	dir := t.TempDir()
