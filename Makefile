@@ -153,8 +153,9 @@ release-installer:
 
 ## image-test: hack/image's own tests (its own module, so ./... above skips it);
 ##             they run `make image` and check the archive against the Dockerfile, and
-##             push to and resolve from a real registry (bin/registry)
-image-test: $(BIN_DIR)/registry
+##             push to and resolve from a real registry (bin/registry); TestChartPush runs
+##             make chart-push with bin/helm
+image-test: $(BIN_DIR)/registry $(BIN_DIR)/helm
 	cd hack/image && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 30m ./...
 
 .PHONY: cosign-verify-test

@@ -420,3 +420,13 @@ func fetchAttestations(ctx context.Context, ref, caFile, pubKey, dir string) (st
 	}
 	return d.String(), nil
 }
+
+// verifyWith checks sig over payload with a public key, as cosign checks
+// a simple-signing payload's signature.
+func verifyWith(pub crypto.PublicKey, sig, payload []byte) error {
+	v, err := signature.LoadVerifier(pub, crypto.SHA256)
+	if err != nil {
+		return err
+	}
+	return v.VerifySignature(bytes.NewReader(sig), bytes.NewReader(payload))
+}
