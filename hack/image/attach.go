@@ -30,7 +30,7 @@ import (
 // layer annotation holding the signature, and the payload's type.
 const (
 	cosignPayloadMediaType   = "application/vnd.dev.cosign.simplesigning.v1+json"
-	cosignSignatureAnnotaton = "dev.cosignproject.cosign/signature"
+	cosignSignatureAnnotation = "dev.cosignproject.cosign/signature"
 	cosignSignatureType      = "cosign container image signature"
 	dsseMediaType            = "application/vnd.dsse.envelope.v1+json"
 )
@@ -208,7 +208,7 @@ func sign(d name.Digest, signer signature.Signer, opts []remote.Option) error {
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:       static.NewLayer(payload, cosignPayloadMediaType),
-		Annotations: map[string]string{cosignSignatureAnnotaton: base64.StdEncoding.EncodeToString(sig)},
+		Annotations: map[string]string{cosignSignatureAnnotation: base64.StdEncoding.EncodeToString(sig)},
 	})
 	if err != nil {
 		return err

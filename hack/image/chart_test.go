@@ -129,7 +129,7 @@ func TestChartPush(t *testing.T) {
 	if err := json.Unmarshal(payload, &p); err != nil || p.Critical.Image.DockerManifestDigest != d.DigestStr() {
 		t.Errorf("the chart's signature payload %s (%v) does not name %s", payload, err, d.DigestStr())
 	}
-	sig, err := base64.StdEncoding.DecodeString(m.Layers[0].Annotations[cosignSignatureAnnotaton])
+	sig, err := base64.StdEncoding.DecodeString(m.Layers[0].Annotations[cosignSignatureAnnotation])
 	if err != nil {
 		t.Fatal(err)
 	}
