@@ -102,6 +102,10 @@ docker-build:
 ##        Dockerfile's final stage (hack/image); `docker load` gets the host's platform
 IMG ?= uuid-controller:dev
 IMAGE_TAR ?= $(BIN_DIR)/uuid-controller.tar
+# Beside the archive: the index's SBOM (CycloneDX: each binary's Go modules)
+# and its SLSA v1 provenance (in-toto), which image-push attaches to the index.
+IMAGE_SBOM ?= $(IMAGE_TAR:.tar=.sbom.cdx.json)
+IMAGE_PROVENANCE ?= $(IMAGE_TAR:.tar=.provenance.json)
 IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 # The platform `docker load` gets from the archive; empty: this machine's.
 IMAGE_LOAD_PLATFORM ?=
@@ -119,17 +123,24 @@ image:
 	$(IMAGE_TOOL) build -dockerfile $(abspath Dockerfile) -context $(CURDIR) -platforms $(IMAGE_PLATFORMS) \
 		$(foreach p,$(subst $(comma), ,$(IMAGE_PLATFORMS)),-binary $(abspath $(BIN_DIR)/image/$(subst /,_,$(p))/uuid-controller)) \
 		$(if $(IMAGE_LOAD_PLATFORM),-load-platform $(IMAGE_LOAD_PLATFORM)) \
-		-build-arg VERSION=$(VERSION) -build-arg REVISION=$(REVISION) -tag $(IMG) -o $(abspath $(IMAGE_TAR))
+		-build-arg VERSION=$(VERSION) -build-arg REVISION=$(REVISION) -tag $(IMG) -o $(abspath $(IMAGE_TAR)) \
+		-sbom $(abspath $(IMAGE_SBOM)) -provenance $(abspath $(IMAGE_PROVENANCE))
 
 .PHONY: image-push image-digest release-installer
 ## image-push: `make image`, then push the index to $(IMG), a registry tag, with
 ##             go-containerregistry (credentials from the docker config, as crane and ko
 ##             read them); prints the pushed index as REPOSITORY@sha256:..., the reference
-##             to deploy. REGISTRY_CA=ca.crt trusts a registry's private CA.
+##             to deploy. REGISTRY_CA=ca.crt trusts a registry's private CA. The SBOM and
+##             the provenance are attached to the index as OCI 1.1 referrers (the
+##             sha256-<digest> tag where the registry lacks the referrers API);
+##             SIGNING_KEY=cosign.key (password in $$COSIGN_PASSWORD) signs the index as
+##             `cosign sign --key` does, without a transparency log, and the provenance.
 REGISTRY_CA ?=
 REGISTRY_FLAGS = $(if $(REGISTRY_CA),-ca $(abspath $(REGISTRY_CA)))
+SIGNING_KEY ?=
 image-push: image
-	@$(IMAGE_TOOL) push -i $(abspath $(IMAGE_TAR)) $(REGISTRY_FLAGS) $(IMG)
+	@$(IMAGE_TOOL) push -i $(abspath $(IMAGE_TAR)) $(REGISTRY_FLAGS) -sbom $(abspath $(IMAGE_SBOM)) \
+		-provenance $(abspath $(IMAGE_PROVENANCE)) $(if $(SIGNING_KEY),-key $(abspath $(SIGNING_KEY))) $(IMG)
 
 ## image-digest: print what the registry tag $(IMG) names now, as REPOSITORY@sha256:...
 image-digest:
@@ -142,9 +153,18 @@ release-installer:
 
 ## image-test: hack/image's own tests (its own module, so ./... above skips it);
 ##             they run `make image` and check the archive against the Dockerfile, and
-##             push to and resolve from a real registry (bin/registry)
-image-test: $(BIN_DIR)/registry
+##             push to and resolve from a real registry (bin/registry); TestChartPush runs
+##             make chart-push with bin/helm
+image-test: $(BIN_DIR)/registry $(BIN_DIR)/helm
 	cd hack/image && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 30m ./...
+
+.PHONY: cosign-verify-test
+## cosign-verify-test: hack/image/cosignverify, a module of its own: pushes a signed image and
+##                     verifies it with cosign's own code (v2 pkg/cosign), and that a signature by
+##                     another key or an index with one layer changed fails. Not in `make test`:
+##                     cosign's dependencies cost minutes of cold build (docs/testing.md)
+cosign-verify-test:
+	cd hack/image/cosignverify && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 20m -v ./...
 
 ## pause-image: bin/pause.tar, the node's sandbox image (hack/image/pause) for this
 ##              machine's platform, tagged $(PAUSE_IMG)
@@ -281,3 +301,49 @@ mutate:
 ## mutate-check: only check that every line's text occurs exactly once (seconds, no test run)
 mutate-check:
 	cd hack/mutate && go run . -root ../.. -check
+
+## ---- vulnerabilities (issue 30): govulncheck, offline ----
+# The database comes from the module proxy: golang.org/x/vulndb's data/osv
+# (OSV JSON files) at the version hack/vulncheck/vulndb.version pins, indexed
+# into govulncheck's v1 layout by hack/vulncheck (docs/security.md).
+VULN_DIR := hack/vulncheck
+VULNDB_VERSION = $(shell cat $(VULN_DIR)/vulndb.version)
+VULNDB_OUT := .local/vulndb
+.PHONY: vulncheck vulncheck-test
+## vulncheck: govulncheck over the module (and hack/image, which builds the image)
+##            with the Go vulnerability database from the module proxy; exit 3 on a finding
+vulncheck:
+	@osv=$$(GOFLAGS= go mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^	"Dir": "\(.*\)",$$/\1/p')/data/osv && \
+		cd $(VULN_DIR) && GOFLAGS=-mod=mod go run . -osv $$osv -out $(abspath $(VULNDB_OUT))
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go tool govulncheck -db file://$(abspath $(VULNDB_OUT)) -C $(CURDIR) ./...
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go tool govulncheck -db file://$(abspath $(VULNDB_OUT)) -C $(CURDIR)/hack/image ./...
+
+## vulncheck-test: hack/vulncheck's test: the database built from vulndb flags
+##                 golang.org/x/text v0.3.7 (GO-2022-1059) and not v0.3.8
+vulncheck-test:
+	cd $(VULN_DIR) && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test -count=1 -timeout 20m ./...
+
+## ---- the chart from a registry (issue 30) ----
+.PHONY: chart-push
+## chart-push: package charts/uuid-controller with its image defaulting to what the registry
+##             tag $(IMG) names now, by digest (make image-push first), push it with
+##             `helm push` to $(CHART_REPO) (oci://REGISTRY/PATH) as version $(CHART_VERSION),
+##             sign it with SIGNING_KEY as the image is signed, and print the chart by digest.
+##             Credentials: `helm registry login`; REGISTRY_CA=ca.crt as for image-push
+CHART_DIR := charts/uuid-controller
+CHART_REPO ?=
+CHART_VERSION ?= $(shell sed -n 's/^version: //p' $(CHART_DIR)/Chart.yaml)
+CHART_OUT := .local/chart
+chart-push: $(BIN_DIR)/helm
+	@test -n "$(CHART_REPO)" || { echo "chart-push: CHART_REPO=oci://REGISTRY/PATH is required" >&2; exit 1; }
+	@set -e; ref=$$($(IMAGE_TOOL) digest $(REGISTRY_FLAGS) $(IMG)); \
+	rm -rf $(CHART_OUT) && mkdir -p $(CHART_OUT) && cp -r $(CHART_DIR) $(CHART_OUT)/; \
+	sed -i -e "s|^  repository: .*|  repository: $${ref%@*}|" -e "s|^  digest: \"\"|  digest: $${ref#*@}|" $(CHART_OUT)/uuid-controller/values.yaml; \
+	grep -q "^  digest: $${ref#*@}" $(CHART_OUT)/uuid-controller/values.yaml || { echo "chart-push: could not set image.digest in values.yaml" >&2; exit 1; }; \
+	$(BIN_DIR)/helm package --version $(CHART_VERSION) -d $(CHART_OUT) $(CHART_OUT)/uuid-controller >&2; \
+	out=$$($(BIN_DIR)/helm push $(CHART_OUT)/uuid-controller-$(CHART_VERSION).tgz $(CHART_REPO) $(if $(REGISTRY_CA),--ca-file $(abspath $(REGISTRY_CA))) 2>&1) || { echo "$$out" >&2; exit 1; }; \
+	echo "$$out" >&2; digest=$$(echo "$$out" | sed -n 's/^Digest: //p'); \
+	test -n "$$digest" || { echo "chart-push: helm push printed no digest" >&2; exit 1; }; \
+	chart=$$(echo $(CHART_REPO) | sed 's|^oci://||')/uuid-controller@$$digest; \
+	$(if $(SIGNING_KEY),($(IMAGE_TOOL) sign $(REGISTRY_FLAGS) -key $(abspath $(SIGNING_KEY)) $$chart) >&2;) \
+	echo "$$chart"

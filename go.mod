@@ -2,6 +2,8 @@ module github.com/demo-operator/uuid-controller
 
 go 1.26.0
 
+toolchain go1.26.8
+
 require (
 	github.com/go-logr/logr v1.4.3
 	github.com/google/uuid v1.6.0

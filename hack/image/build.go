@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
 )
 
 // build checks each binary against the Dockerfile, packs one image per
@@ -26,6 +31,13 @@ func build(o buildOptions) error {
 	if err := s.checkBuildArgs(o.buildArgs); err != nil {
 		return err
 	}
+	toolchain, err := pinnedToolchain(o.contextDir)
+	if err != nil {
+		return err
+	}
+	if err := checkBaseToolchain(s, toolchain); err != nil {
+		return err
+	}
 	labels, err := s.labels(o.buildArgs)
 	if err != nil {
 		return err
@@ -35,6 +47,9 @@ func build(o buildOptions) error {
 	for _, b := range o.binaries {
 		p, err := checkBinary(b, s.Build, o.buildArgs)
 		if err != nil {
+			return err
+		}
+		if err := checkGoVersion(b, toolchain); err != nil {
 			return err
 		}
 		if prev, dup := byPlatform[p]; dup {
@@ -71,6 +86,37 @@ func build(o buildOptions) error {
 	if err != nil {
 		return err
 	}
+	var bins []imageBinary
+	for _, pi := range imgs {
+		d, err := pi.img.Digest()
+		if err != nil {
+			return err
+		}
+		bins = append(bins, imageBinary{p: pi.p, file: byPlatform[pi.p], image: d})
+	}
+	repository := o.tag
+	if t, err := name.NewTag(o.tag, name.WeakValidation); err == nil {
+		repository = t.Context().Name()
+	}
+	if o.sbom != "" {
+		b, err := buildSBOM(repository, d, bins)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.sbom, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if o.provenance != "" {
+		b, err := buildProvenance(provenanceInputs{repository: repository, dockerfile: o.dockerfile, index: d, bins: bins,
+			s: s, buildArgs: o.buildArgs, toolchain: toolchain})
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.provenance, b, 0o644); err != nil {
+			return err
+		}
+	}
 	var ids []string
 	for _, pi := range imgs {
 		// The config digest is the image ID `docker images` shows after
@@ -91,4 +137,68 @@ func platformList(ps []platform) string {
 		s = append(s, p.String())
 	}
 	return strings.Join(s, ",")
+}
+
+// pinnedToolchain is the Go version the build context's go.mod pins: its
+// toolchain line, else its go line when that names a release (go 1.26.8).
+// The binaries must be built with exactly that Go, so the image holds what
+// the pinned toolchain compiles, not whatever Go the build machine has.
+func pinnedToolchain(contextDir string) (string, error) {
+	file := filepath.Join(contextDir, "go.mod")
+	f, err := os.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("the build context's go.mod pins the Go toolchain: %w", err)
+	}
+	defer f.Close()
+	var goLine string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 {
+			continue
+		}
+		switch fields[0] {
+		case "toolchain":
+			return fields[1], nil
+		case "go":
+			goLine = fields[1]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	if strings.Count(goLine, ".") == 2 {
+		return "go" + goLine, nil
+	}
+	return "", fmt.Errorf("%s names no toolchain (a line `toolchain go1.X.Y`): the image's Go version must be pinned", file)
+}
+
+// checkGoVersion refuses a binary built with another Go than the pinned one.
+func checkGoVersion(file, toolchain string) error {
+	info, err := buildinfo.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("reading Go build info of %s: %w", file, err)
+	}
+	if info.GoVersion != toolchain {
+		return fmt.Errorf("%s was built with %s, but go.mod pins toolchain %s: build it with that Go (GOTOOLCHAIN=%s)", file, info.GoVersion, toolchain, toolchain)
+	}
+	return nil
+}
+
+// checkBaseToolchain refuses a Dockerfile whose golang build image is
+// another Go release than go.mod's toolchain: docker and make image would
+// compile with different Go.
+func checkBaseToolchain(s *spec, toolchain string) error {
+	version := strings.TrimPrefix(toolchain, "go")
+	for _, b := range s.Bases {
+		ref, _, _ := strings.Cut(b, "@")
+		repo, tag, ok := strings.Cut(ref, ":")
+		if !ok || (repo != "golang" && repo != "docker.io/library/golang") {
+			continue
+		}
+		if tag != version && !strings.HasPrefix(tag, version+"-") {
+			return fmt.Errorf("Dockerfile: FROM %s builds with Go %s, but go.mod pins toolchain %s", b, tag, toolchain)
+		}
+	}
+	return nil
 }

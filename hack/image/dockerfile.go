@@ -36,6 +36,9 @@ type spec struct {
 	Binary string
 	// Build is the build stage's `go build` command that produced it.
 	Build buildCommand
+	// Bases are the images the stages start FROM, each NAME:TAG@DIGEST as
+	// the Dockerfile pins it (scratch and earlier stages left out).
+	Bases []string
 }
 
 // buildCommand is the build stage's `go build` RUN line before build
@@ -98,6 +101,13 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 	}
 
 	s := &spec{Args: map[string]*string{}}
+	earlier := map[string]bool{}
+	for _, st := range stages {
+		if st.BaseName != "scratch" && !earlier[st.BaseName] {
+			s.Bases = append(s.Bases, st.BaseName)
+		}
+		earlier[st.Name] = true
+	}
 	var binaryStage string
 	for _, cmd := range final.Commands {
 		switch c := cmd.(type) {

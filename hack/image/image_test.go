@@ -6,6 +6,7 @@ import (
 	"debug/buildinfo"
 	"debug/elf"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"maps"
@@ -315,6 +316,22 @@ func TestControllerImage(t *testing.T) {
 	}
 	makeImage(archive)
 	indexDigest, platforms, imgs := readIndex(t, archive)
+	sbomData, err := os.ReadFile(strings.TrimSuffix(archive, ".tar") + ".sbom.cdx.json")
+	if err != nil {
+		t.Fatalf("make image wrote no SBOM beside the archive: %v", err)
+	}
+	sbomMods, err := sbomModules(sbomData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	provData, err := os.ReadFile(strings.TrimSuffix(archive, ".tar") + ".provenance.json")
+	if err != nil {
+		t.Fatalf("make image wrote no provenance beside the archive: %v", err)
+	}
+	var prov statement
+	if err := json.Unmarshal(provData, &prov); err != nil {
+		t.Fatal(err)
+	}
 	if !slices.Equal(platforms, []string{"linux/amd64", "linux/arm64"}) {
 		t.Fatalf("index platforms %v, want linux/amd64 and linux/arm64", platforms)
 	}
@@ -330,6 +347,11 @@ func TestControllerImage(t *testing.T) {
 		"org.opencontainers.image.version":  git("describe", "--tags", "--always", "--dirty"),
 		"org.opencontainers.image.revision": git("rev-parse", "HEAD"),
 		"org.opencontainers.image.source":   "https://github.com/demo-operator/uuid-controller",
+	}
+	if src := prov.Predicate.BuildDefinition.ExternalParameters.Source; src.Digest["gitCommit"] != wantLabels["org.opencontainers.image.revision"] ||
+		prov.Subject[0].Digest["sha256"] != indexDigest.Hex || len(prov.Predicate.RunDetails.Byproducts) != len(platforms) {
+		t.Errorf("provenance: source %+v, subjects %v, %d byproducts; want commit %s, index %s", src, prov.Subject,
+			len(prov.Predicate.RunDetails.Byproducts), wantLabels["org.opencontainers.image.revision"], indexDigest)
 	}
 	for _, p := range platforms {
 		t.Run(p, func(t *testing.T) {
@@ -357,6 +379,13 @@ func TestControllerImage(t *testing.T) {
 			extracted := filepath.Join(t.TempDir(), "uuid-controller")
 			if err := os.WriteFile(extracted, contents["uuid-controller"], 0o755); err != nil {
 				t.Fatal(err)
+			}
+			// The SBOM lists exactly the modules go version -m lists.
+			mods := goVersionModules(t, extracted)
+			if err := checkSBOMModules(sbomMods, p, mods); err != nil {
+				t.Error(err)
+			} else {
+				t.Logf("%s: the SBOM lists the binary's %d modules, as go version -m does", p, len(mods))
 			}
 			ef, err := elf.Open(extracted)
 			if err != nil {
@@ -422,7 +451,14 @@ func TestBuildErrors(t *testing.T) {
 		{"missing Dockerfile", func(o *buildOptions) { o.dockerfile = filepath.Join(dir, "Dockerfile") }, "no such file"},
 		{"bad tag", func(o *buildOptions) { o.tag = "UPPER:case" }, "image tag"},
 		{"unwritable output", func(o *buildOptions) { o.out = filepath.Join(dir, "no", "x.tar") }, "writing"},
-		{"context file missing", func(o *buildOptions) { o.dockerfile, o.contextDir = "../../Dockerfile", dir }, "COPY source"},
+		{"context file missing", func(o *buildOptions) {
+			// A context with only go.mod (the pinned toolchain), none of the files COPY names.
+			if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module x\n\ngo 1.26.0\n\ntoolchain "+runtime.Version()+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o.dockerfile, o.contextDir = "../../Dockerfile", dir
+		}, "COPY source"},
+		{"context without go.mod", func(o *buildOptions) { o.contextDir = t.TempDir() }, "the build context's go.mod pins the Go toolchain"},
 		{"two binaries for one platform", func(o *buildOptions) { o.binaries = []string{bin, bin} }, "both " + hostPlatform.String() + " binaries"},
 		{"binary not among the platforms", func(o *buildOptions) { o.platforms = []platform{other} }, "not one of -platforms " + other.String()},
 		{"platform without a binary", func(o *buildOptions) { o.platforms = []platform{hostPlatform, other} }, "no -binary for platform " + other.String()},
