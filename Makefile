@@ -28,6 +28,14 @@ cluster: tools
 e2e: tools
 	go test -count=1 -timeout 30m -v ./test/e2e/...
 
+## e2e-full: the whole e2e suite with the narrowed watch's fallback, the full informer
+##           (UUID_WATCH=full installs crd.yaml without its selectable field); make test
+##           runs $(E2E_FULL_TESTS) that way, beside the whole suite narrowed
+E2E_FULL_TESTS := ^(TestWatchMode|TestInvalidUUIDsReplaced|TestUUIDCannotBeSwapped|TestUUIDIsStable|TestObjectsCreatedWhileDown|TestExampleGetsUUID|TestAllNamespaces|TestUserCannotForgeOrKeepBadStatus|TestLeaderElection|TestSIGKILLMidBurst|TestKopfMigration)$$
+.PHONY: e2e-full
+e2e-full: tools
+	UUID_WATCH=full go test -count=1 -timeout 30m -v ./test/e2e/...
+
 ## test: the README's test command: vet, gofmt and every test in the module
 ## (test/e2e's TestAlert* run bin/prometheus), then the other modules' tests.
 ## -p 1: test/cluster, test/e2e and test/bench each start a cluster; one at a
@@ -38,6 +46,7 @@ test: tools helm prometheus
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "not gofmt-clean:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -count=1 -p 1 -timeout 60m ./...
+	UUID_WATCH=full go test -count=1 -timeout 20m -run '$(E2E_FULL_TESTS)' ./test/e2e/
 	cd test/gitops && go vet ./... && go test -count=1 -timeout 10m ./...
 	$(MAKE) monitoring-test
 	$(MAKE) image-test
