@@ -29,10 +29,10 @@ import (
 // What cosign reads and writes: the simple-signing payload's media type, the
 // layer annotation holding the signature, and the payload's type.
 const (
-	cosignPayloadMediaType   = "application/vnd.dev.cosign.simplesigning.v1+json"
+	cosignPayloadMediaType    = "application/vnd.dev.cosign.simplesigning.v1+json"
 	cosignSignatureAnnotation = "dev.cosignproject.cosign/signature"
-	cosignSignatureType      = "cosign container image signature"
-	dsseMediaType            = "application/vnd.dsse.envelope.v1+json"
+	cosignSignatureType       = "cosign container image signature"
+	dsseMediaType             = "application/vnd.dsse.envelope.v1+json"
 )
 
 // attachments are what push adds to the pushed index: the SBOM and the
