@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
@@ -97,7 +98,20 @@ type Controller struct {
 	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
 	// object (watch.keepFull).
 	onKopfFinalizer func()
+	// written maps the key of each object given a UUID in the last
+	// ownWriteTTL to the resourceVersion the write replaced: until the
+	// cache shows the write, it still holds that version, and writing
+	// again would only earn a 409 (see alreadyWritten).
+	written *utilcache.LRUExpireCache
 }
+
+// ownWriteTTL bounds how long a write is remembered: far longer than a
+// watch event takes, and short enough that the memory stays bounded by
+// the write rate; ownWriteMax bounds it under any burst.
+const (
+	ownWriteTTL = time.Minute
+	ownWriteMax = 16384
+)
 
 // objectStore is what the controller reads of an informer's cache.
 type objectStore interface {
@@ -145,6 +159,7 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
 		sweepRequests:   make(chan struct{}, 1),
 		onKopfFinalizer: func() {},
+		written:         utilcache.NewLRUExpireCache(ownWriteMax),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
@@ -346,6 +361,12 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	}
 	kopfIndex := kopf.FinalizerIndex(obj)
 	switch {
+	case !obj.hasUUID() && c.alreadyWritten(key, obj):
+		// The cache (or, during a switch of watches, the other informer)
+		// has not caught up with this controller's write; its event
+		// follows.
+		logger.V(4).Info("The cache does not show this controller's UUID write yet, nothing to do")
+		return nil
 	case !obj.hasUUID():
 		return c.assignUUID(ctx, obj)
 	case kopfIndex >= 0 && c.opts.RemoveKopfFinalizer:
@@ -361,6 +382,13 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		logger.V(4).Info("Object already has a UUID", "uuid", obj.status().UUID)
 		return nil
 	}
+}
+
+// alreadyWritten tells whether obj is the version this controller gave a
+// UUID to a moment ago.
+func (c *Controller) alreadyWritten(key cache.ObjectName, obj *cachedUUID) bool {
+	rv, ok := c.written.Get(key)
+	return ok && rv == obj.GetResourceVersion()
 }
 
 // assignUUID writes a new UUID to obj's status, unless the CRD is known to
@@ -380,6 +408,7 @@ func (c *Controller) assignUUID(ctx context.Context, obj *cachedUUID) error {
 	if err := c.writeStatus(ctx, obj, st); err != nil {
 		return err
 	}
+	c.written.Add(cache.MetaObjectToName(obj), obj.GetResourceVersion(), ownWriteTTL)
 	c.metrics.Assigned.Inc()
 	if created := obj.GetCreationTimestamp(); !created.IsZero() {
 		c.metrics.AssignmentLatency.Observe(time.Since(created.Time).Seconds())

@@ -351,6 +351,48 @@ func TestTwoWritersRaceKeepsFirstUUID(t *testing.T) {
 	}
 }
 
+// TestStaleReadAfterOwnWriteSendsNothing: a key queued again before the
+// cache shows the controller's own write (an event from the other informer
+// while the watch switches, or any event racing the write's) reads the
+// version the write replaced. It sends no second write (which could only
+// earn a 409); once the cache shows someone blanking the status, the
+// object gets a UUID again.
+func TestStaleReadAfterOwnWriteSendsNothing(t *testing.T) {
+	obj := newUUIDObject("default", "example", "1")
+	client := newClient(t, obj)
+	preconditionReactor(t, client)
+	f := newFixtureWithClient(t, client, Options{}, obj)
+	k := key("default", "example")
+
+	f.ctrl.queue.Add(k)
+	f.drive(1)
+	f.ctrl.queue.Add(k) // the cache still holds resourceVersion 1
+	f.drive(1)
+	if n := len(f.patches()); n != 1 {
+		t.Fatalf("%d status writes for one object read twice before the cache caught up, want 1", n)
+	}
+	if got := testutil.ToFloat64(f.metrics.StatusWrites.WithLabelValues("conflict")); got != 0 {
+		t.Errorf("conflicts = %v, want 0", got)
+	}
+
+	// A user blanks the status: a new resourceVersion, no UUID.
+	cur, err := client.Tracker().Get(uuidGVR, "default", "example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blank := withStatus(cur.(*unstructured.Unstructured).DeepCopy(), map[string]any{})
+	blank.SetResourceVersion("7")
+	if err := client.Tracker().Update(uuidGVR, blank, "default"); err != nil {
+		t.Fatal(err)
+	}
+	f.syncCache(k)
+	f.ctrl.queue.Add(k)
+	f.drive(1)
+	if n := len(f.patches()); n != 2 {
+		t.Errorf("%d status writes after the status was blanked, want 2 (it is refilled)", n)
+	}
+}
+
 // A failure the apiserver may recover from (here a 500) is retried with
 // backoff for as long as it lasts; from the ErrorAfter-th attempt it is also
 // reported on the object, once in status; and the object gets its UUID as
