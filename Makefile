@@ -83,12 +83,13 @@ KUBECTL ?= kubectl
 .PHONY: manifests build-installer
 
 ## manifests: refresh the copies the kustomization and the Helm chart hold: crd.yaml in each,
-##            and the chart's alerts and dashboard from deploy/monitoring
+##            the chart's alerts and dashboard from deploy/monitoring, and its aggregated roles
 manifests:
 	cp crd.yaml deploy/crd.yaml
 	cp crd.yaml charts/uuid-controller/crds/uuid.demo.operator.yaml
 	cp deploy/monitoring/prometheus/rules.yaml charts/uuid-controller/files/prometheus-rules.yaml
 	cp deploy/monitoring/dashboard.json charts/uuid-controller/files/dashboard.json
+	cp deploy/aggregate-roles/roles.yaml charts/uuid-controller/files/aggregate-roles.yaml
 
 ## deploy: kubectl apply -k deploy/ (CRD, namespace, RBAC, Deployment, PDB) with the image $(IMG)
 deploy: manifests
@@ -250,12 +251,14 @@ node-deps:
 ## node-e2e: the node tests (test/node, and test/cluster's node network test): a real
 ##           single node on this machine runs deploy/ (and the Helm chart) as Pods, the
 ##           image pushed to the node's registry by make image-push and pulled by the
-##           kubelet by digest. Needs root; builds the node's binaries, bin/helm and the
-##           pause image, installs the Debian packages when missing.
-node-e2e: node-deps node-tools helm pause-image
+##           kubelet by digest. Needs root; builds the node's binaries, bin/helm, bin/prometheus
+##           and the pause image, installs the Debian packages when missing.
+##           NODE_RUN=REGEXP runs only those test/node tests (and not test/cluster's)
+NODE_RUN ?=
+node-e2e: node-deps node-tools helm prometheus pause-image
 	go vet -tags node ./test/cluster/ ./test/node/
-	go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/
-	go test -tags node -count=1 -p 1 -timeout 40m -v ./test/node/
+	$(if $(NODE_RUN),,go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/)
+	go test -tags node -count=1 -p 1 -timeout 40m -v $(if $(NODE_RUN),-run '$(NODE_RUN)') ./test/node/
 
 ## ---- monitoring (issue 19): Prometheus for the alert tests ----
 # Prometheus has a module of its own so its dependencies never enter go.mod.
@@ -267,18 +270,20 @@ MONITORING := deploy/monitoring
 ## prometheus: bin/prometheus, the server test/e2e's TestAlert* tests run (skipped when up to date)
 prometheus: $(BIN_DIR)/prometheus
 
-# remove_all_sd leaves out the cloud service discoveries (AWS, Azure, GCE,
-# Kubernetes, ...), which the tests do not use (they name their targets):
-# the full build compiles about 1,500 packages, this one about 1,000.
-$(BIN_DIR)/prometheus: $(PROM_MOD)
-	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/prometheus
+# $(PROM_DIR)/build-tags: remove_all_sd leaves out the cloud service
+# discoveries (AWS, Azure, GCE, ...), which no test uses; enable_kubernetes_sd
+# keeps Kubernetes', which the shipped scrape config uses (test/node's
+# TestShippedScrapeConfig runs it). The cost in build time: docs/testing.md.
+PROM_TAGS = $(shell cat $(PROM_DIR)/build-tags)
+$(BIN_DIR)/prometheus: $(PROM_MOD) $(PROM_DIR)/build-tags
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags $(PROM_TAGS) -o ../../$@ github.com/prometheus/prometheus/cmd/prometheus
 
 ## promtool: bin/promtool, from the same module and tags as bin/prometheus, for
 ##           `promtool test rules` over the shipped rules (skipped when up to date)
 promtool: $(BIN_DIR)/promtool
 
-$(BIN_DIR)/promtool: $(PROM_MOD)
-	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags remove_all_sd -o ../../$@ github.com/prometheus/prometheus/cmd/promtool
+$(BIN_DIR)/promtool: $(PROM_MOD) $(PROM_DIR)/build-tags
+	cd $(PROM_DIR) && GOFLAGS=-mod=mod go build -tags $(PROM_TAGS) -o ../../$@ github.com/prometheus/prometheus/cmd/promtool
 
 ## monitoring-test: hack/prometheus's checks of deploy/monitoring with Prometheus's own parser:
 ##                  the rules load, every rule and dashboard query parses and names served metrics,

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"unique"
 
@@ -12,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
 // cachedUUID is what the informer keeps of a Uuid object: its identity (for
@@ -44,7 +47,8 @@ type cachedUUID struct {
 	rare    *cachedRare
 }
 
-// cacheFlags codes the usual status.state and status.message.
+// cacheFlags codes the usual status.state and status.message, and whether
+// kopf's finalizer is on the object.
 type cacheFlags uint8
 
 const (
@@ -54,6 +58,7 @@ const (
 	stateOk
 	stateError
 	messageAssigned
+	kopfFinalizer
 )
 
 // cachedRare holds what few objects have.
@@ -87,54 +92,84 @@ func trimForCache(obj any) (any, error) {
 
 // toCached keeps what the controller reads of u.
 func toCached(u *unstructured.Unstructured) *cachedUUID {
-	c := &cachedUUID{name: u.GetName(), namespace: unique.Make(u.GetNamespace())}
-	if sec := u.GetCreationTimestamp().Unix(); sec > 0 && sec <= math.MaxUint32 {
+	f := cachedFields{name: u.GetName(), namespace: u.GetNamespace(), created: u.GetCreationTimestamp(),
+		resourceVersion: u.GetResourceVersion(), uid: u.GetUID(), deletionTimestamp: u.GetDeletionTimestamp()}
+	f.uuidText, f.problem = existingUUID(u)
+	st := currentStatus(u)
+	f.state, f.message = st.State, st.Message
+	st.UUID = f.uuidText
+	f.conditions = currentConditions(u, st)
+	f.finalizers = terminatingFinalizers(u)
+	f.kopfFinalizer = slices.Contains(u.GetFinalizers(), kopf.Finalizer)
+	return f.pack()
+}
+
+// cachedFields is what the cache keeps of an object, as read (by toCached,
+// or by decodeCached from the JSON), before pack codes it.
+type cachedFields struct {
+	name, namespace, resourceVersion string
+	uid                              types.UID
+	created                          metav1.Time
+	// uuidText is a valid status.uuid, or ""; problem is existingUUID's.
+	uuidText, problem string
+	state, message    string
+	conditions        []metav1.Condition
+	deletionTimestamp *metav1.Time
+	finalizers        []string
+	// kopfFinalizer: kopf's finalizer is among metadata.finalizers.
+	kopfFinalizer bool
+}
+
+// pack codes f as a cachedUUID.
+func (f *cachedFields) pack() *cachedUUID {
+	c := &cachedUUID{name: f.name, namespace: unique.Make(f.namespace)}
+	if sec := f.created.Unix(); sec > 0 && sec <= math.MaxUint32 {
 		c.created = uint32(sec)
 	}
 	var rare cachedRare
-	if rv, ok := decimalRV(u.GetResourceVersion()); ok {
+	if rv, ok := decimalRV(f.resourceVersion); ok {
 		c.rv = rv
 	} else {
 		c.flags |= rvInRare
-		rare.resourceVersion = u.GetResourceVersion()
+		rare.resourceVersion = f.resourceVersion
 	}
-	if id, ok := canonicalUUID(string(u.GetUID())); ok {
+	if id, ok := canonicalUUID(string(f.uid)); ok {
 		c.uid = id
 	} else {
 		c.flags |= uidInRare
-		rare.uid = u.GetUID()
+		rare.uid = f.uid
 	}
-	text, problem := existingUUID(u)
-	if id, ok := canonicalUUID(text); ok {
+	if id, ok := canonicalUUID(f.uuidText); ok {
 		c.id = id
 		c.flags |= hasUUID
-	} else if text != "" {
+	} else if f.uuidText != "" {
 		c.flags |= hasUUID
-		rare.uuidText = text
+		rare.uuidText = f.uuidText
 	}
-	rare.problem = problem
-	st := currentStatus(u)
-	switch st.State {
+	rare.problem = f.problem
+	switch f.state {
 	case "":
 	case StateOk:
 		c.flags |= stateOk
 	case StateError:
 		c.flags |= stateError
 	default:
-		rare.state = st.State
+		rare.state = f.state
 	}
-	switch st.Message {
+	switch f.message {
 	case "":
 	case MessageAssigned:
 		c.flags |= messageAssigned
 	default:
-		rare.message = st.Message
+		rare.message = f.message
 	}
-	st.UUID = text
-	rare.conditions = currentConditions(u, st)
-	if ts := u.GetDeletionTimestamp(); ts != nil {
-		rare.deletionTimestamp = ts
-		rare.finalizers = terminatingFinalizers(u)
+	if f.kopfFinalizer {
+		c.flags |= kopfFinalizer
+	}
+	rare.conditions = f.conditions
+	if f.deletionTimestamp != nil {
+		rare.deletionTimestamp = f.deletionTimestamp
+		rare.finalizers = f.finalizers
 	}
 	if rare.uid != "" || rare.resourceVersion != "" || rare.state != "" || rare.message != "" || rare.uuidText != "" || rare.problem != "" ||
 		rare.conditions != nil || rare.deletionTimestamp != nil {
@@ -155,6 +190,10 @@ func (c *cachedUUID) more() *cachedRare {
 
 // hasUUID tells whether the object has a valid status.uuid.
 func (c *cachedUUID) hasUUID() bool { return c.flags&hasUUID != 0 }
+
+// carriesKopfFinalizer tells whether kopf's finalizer is on the object,
+// being deleted or not.
+func (c *cachedUUID) carriesKopfFinalizer() bool { return c.flags&kopfFinalizer != 0 }
 
 // uuidProblem says why status could not be trusted, or "".
 func (c *cachedUUID) uuidProblem() string { return c.more().problem }
@@ -207,12 +246,6 @@ func (c *cachedUUID) GetUID() types.UID {
 }
 func (c *cachedUUID) GetDeletionTimestamp() *metav1.Time { return c.more().deletionTimestamp }
 func (c *cachedUUID) GetFinalizers() []string            { return c.more().finalizers }
-
-// uuidKind is the kind of the resource uuidGVR.
-const uuidKind = "Uuid"
-
-// uuidGVK is the kind of every cached object.
-var uuidGVK = uuidGVR.GroupVersion().WithKind(uuidKind)
 
 // GetObjectKind implements runtime.Object: the kind is always Uuid.
 func (c *cachedUUID) GetObjectKind() schema.ObjectKind { return fixedKind{} }
@@ -279,6 +312,11 @@ func existingUUID(obj *unstructured.Unstructured) (id string, problem string) {
 	if !ok {
 		return "", fmt.Sprintf("status.uuid is a %T, not a string", raw)
 	}
+	return checkUUID(s)
+}
+
+// checkUUID is existingUUID for a status.uuid that is a string.
+func checkUUID(s string) (id string, problem string) {
 	if s == "" {
 		return "", ""
 	}

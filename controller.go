@@ -8,17 +8,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -28,39 +25,12 @@ import (
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
-const (
-	// controllerName names the controller in logs, events and the workqueue metrics.
-	controllerName = "uuid-controller"
-	// FieldManager is the field manager of every status write.
-	FieldManager = controllerName
-)
-
-// Event reasons.
-const (
-	// ReasonAssigned: a UUID was written to the object's status (Normal).
-	ReasonAssigned = "UUIDAssigned"
-	// ReasonFailed: the controller gave up assigning a UUID (Warning).
-	ReasonFailed = "UUIDFailed"
-	// ReasonInvalid: status held something that is not a UUID and is being
-	// replaced (Warning).
-	ReasonInvalid = "InvalidUUID"
-	// ReasonKopfFinalizerRemoved: kopf's finalizer was removed from an
-	// object being deleted (Normal).
-	ReasonKopfFinalizerRemoved = "KopfFinalizerRemoved"
-	// ReasonKopfFinalizerFailed: removing kopf's finalizer failed; it is
-	// retried (Warning).
-	ReasonKopfFinalizerFailed = "KopfFinalizerRemovalFailed"
-)
-
-// uuidGVR is the resource the controller serves.
-var uuidGVR = schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"}
-
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
 type Controller struct {
-	// client removes kopf's finalizer; reads come from store.
+	// client lists for sweeps and strays and, through kopf, removes
+	// kopf's finalizer; reads come from store.
 	client dynamic.NamespaceableResourceInterface
-	// sendStatus writes the status subresource: main's sends with a REST
-	// client that does not decode the response (useStatusClient).
+	// sendStatus writes the status subresource (Deps.Status).
 	sendStatus statusPatcher
 	// store is the informer's cache of *cachedUUID objects (main's is a
 	// watch, which may switch informers). Not a GenericLister: the dynamic
@@ -81,23 +51,15 @@ type Controller struct {
 	opts        Options
 	// crd holds writes back while the CRD is known to be wrong.
 	crd crdGate
-	// policy holds kopf finalizer removals back until the admission policy
-	// is proven to bind the controller (kopfpolicy.go); nil without
-	// --remove-kopf-finalizer.
-	policy *kopfPolicy
+	// kopf releases objects being deleted from kopf's finalizer, or
+	// reports them without --remove-kopf-finalizer (internal/kopf).
+	kopf kopf.Migration
 	// attach sets the cache transform and the event handlers on an
 	// informer that has not started.
 	attach func(cache.SharedIndexInformer) error
-	// strays are the objects a sweep found whose status.uuid is not a
-	// UUID, which a narrowed watch cannot see (sweep.go).
-	strays strays
-	// sweepRequests asks the leader for a sweep; namespace ("" for all)
-	// is what it lists.
-	sweepRequests chan struct{}
-	namespace     string
-	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
-	// object (watch.keepFull).
-	onKopfFinalizer func()
+	// sweeps find the objects whose status.uuid is not a UUID, which a
+	// narrowed watch cannot see, and read them for the workers (sweep.go).
+	sweeps *sweeper
 	// written maps the key of each object given a UUID in the last
 	// ownWriteTTL to the resourceVersion the write replaced: until the
 	// cache shows the write, it still holds that version, and writing
@@ -136,44 +98,63 @@ type noCRDGate struct{}
 func (noCRDGate) Blocked() error { return nil }
 func (noCRDGate) Suspect()       {}
 
+// Deps are what a controller is built on. The caller picks each: main.go
+// the real ones, tests fakes.
+type Deps struct {
+	// Client reads strays, lists for sweeps and removes kopf's finalizer.
+	Client dynamic.Interface
+	// Informer is the informer on uuidGVR, not yet started.
+	Informer informers.GenericInformer
+	// Status sends status writes: main's is restPatcher over
+	// newStatusClient, unit tests' dynamicPatcher over a fake client.
+	Status statusPatcher
+	// Recorder posts Events on the objects.
+	Recorder record.EventRecorder
+	// Metrics are the controller's own; other packages register theirs
+	// on Metrics.Registry.
+	Metrics *Metrics
+	// CRD holds writes back while the CRD is known to be wrong.
+	CRD crdGate
+	// KopfProbe stands in for the dry run that proves the kopf migration's
+	// admission policy (kopf.Config.Probe); nil but in unit tests.
+	KopfProbe func(ctx context.Context, namespace, name string) error
+}
+
 // NewController wires a controller to an informer on uuidGVR. Event handlers
 // are added here, so the informer must not have been started yet for the
 // initial list to reach the queue.
-func NewController(ctx context.Context, client dynamic.Interface, informer informers.GenericInformer,
-	recorder record.EventRecorder, metrics *Metrics, crd crdGate, opts Options) (*Controller, error) {
+func NewController(ctx context.Context, d Deps, opts Options) (*Controller, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
 	logger := klog.FromContext(ctx)
+	informer := d.Informer
 	c := &Controller{
-		client:          client.Resource(uuidGVR),
-		sendStatus:      dynamicPatcher(client.Resource(uuidGVR)),
-		store:           informer.Informer().GetStore(),
-		synced:          informer.Informer().HasSynced,
-		recorder:        recorder,
-		metrics:         metrics,
-		newUUID:         uuid.New,
-		opts:            opts,
-		crd:             crd,
-		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
-		sweepRequests:   make(chan struct{}, 1),
-		onKopfFinalizer: func() {},
-		written:         utilcache.NewLRUExpireCache(ownWriteMax),
+		client:     d.Client.Resource(uuidGVR),
+		sendStatus: d.Status,
+		store:      informer.Informer().GetStore(),
+		synced:     informer.Informer().HasSynced,
+		recorder:   d.Recorder,
+		metrics:    d.Metrics,
+		newUUID:    uuid.New,
+		opts:       opts,
+		crd:        d.CRD,
+		written:    utilcache.NewLRUExpireCache(ownWriteMax),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
 		),
 	}
 	c.syncHandler = c.syncUUID
-	if err := metrics.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: metricsNamespace, Name: "kopf_finalizer_waiting_objects",
-		Help: "Uuid objects being deleted whose deletion waits for kopf's finalizer (see --remove-kopf-finalizer).",
-	}, c.kopfFinalizerWaiting)); err != nil {
-		return nil, fmt.Errorf("registering the kopf finalizer gauge: %w", err)
-	}
-	if opts.RemoveKopfFinalizer {
-		c.policy = newKopfPolicy(c.client, metrics.KopfPolicyBound)
+	c.sweeps = newSweeper(c.client, c.queue.Add, d.Metrics)
+	var err error
+	c.kopf, err = kopf.New(kopf.Config{
+		Remove: opts.RemoveKopfFinalizer, Client: c.client, Resource: uuidGVR.GroupResource(), FieldManager: FieldManager,
+		Objects: func() []any { return c.store.List() }, Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
+	})
+	if err != nil {
+		return nil, err
 	}
 	c.attach = func(inf cache.SharedIndexInformer) error {
 		if err := inf.SetTransform(trimForCache); err != nil {
@@ -200,11 +181,11 @@ func NewController(ctx context.Context, client dynamic.Interface, informer infor
 
 // useWatch reads objects from w, whose informers it sets up with attach,
 // instead of the informer NewController was given (which is not run).
-// namespace ("" for all) is what a sweep lists.
-func (c *Controller) useWatch(w *watch, namespace string) {
-	c.store, c.synced, c.namespace = w, w.HasSynced, namespace
-	w.onNarrowed = c.requestSweep
-	c.onKopfFinalizer = w.keepFull
+// namespaces (nil for all) are what a sweep lists.
+func (c *Controller) useWatch(w *watch, namespaces []string) {
+	c.store, c.synced = w, w.Servable
+	c.sweeps.namespaces, c.sweeps.narrowed, c.sweeps.onKopfFinalizer = namespaces, w.Narrowed, w.keepFull
+	w.onNarrowed = c.sweeps.request
 }
 
 // onUpdate queues the object unless the update is the informer returning
@@ -244,6 +225,11 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 		utilruntime.HandleErrorWithLogger(logger, fmt.Errorf("unexpected object type %T", obj), "Ignoring event")
 		return
 	}
+	if u.carriesKopfFinalizer() {
+		// The narrowed watch loses the object once it has a UUID, and
+		// kopf's finalizer would then hold its deletion unseen.
+		c.sweeps.onKopfFinalizer()
+	}
 	if needsWork(u) {
 		c.queue.Add(cache.MetaObjectToName(u))
 	}
@@ -275,11 +261,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		return nil
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { c.runSweeps(ctx) })
-	if c.policy != nil {
-		c.policy.proveAtStart(ctx, c.store.List())
-		wg.Go(func() { c.policy.reprobeWhileMissing(ctx, c.store.List) })
-	}
+	wg.Go(func() { c.sweeps.run(ctx) })
+	wg.Go(func() { c.kopf.Run(ctx) })
 	// Reconciles run under work: ctx's values (the logger) without its
 	// cancellation, so one in flight is never cut off half-way through a
 	// shutdown (SyncTimeout bounds it instead). Unless the lease is lost:
@@ -359,7 +342,6 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 	if err != nil {
 		return err
 	}
-	kopfIndex := kopf.FinalizerIndex(obj)
 	switch {
 	case !obj.hasUUID() && c.alreadyWritten(key, obj):
 		// The cache (or, during a switch of watches, the other informer)
@@ -369,19 +351,39 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		return nil
 	case !obj.hasUUID():
 		return c.assignUUID(ctx, obj)
-	case kopfIndex >= 0 && c.opts.RemoveKopfFinalizer:
-		return c.removeKopfFinalizer(ctx, obj, kopfIndex)
-	case kopfIndex >= 0:
-		// Logged at every resync while it lasts: the deletion hangs until
-		// someone acts.
-		logger.Info("Object is being deleted but waits for kopf's finalizer; if the kopf operator is gone, run the controller with --remove-kopf-finalizer (docs/migrating-from-kopf.md)",
-			"finalizer", kopf.Finalizer)
-		return nil
+	case kopf.FinalizerIndex(obj) >= 0:
+		// Released with --remove-kopf-finalizer, else reported with the fix.
+		return c.kopf.Release(ctx, obj)
 	default:
 		// A UUID is never regenerated: not on update, resync or restart.
 		logger.V(4).Info("Object already has a UUID", "uuid", obj.status().UUID)
 		return nil
 	}
+}
+
+// read reads key from the cache or, for a stray, from the apiserver.
+func (c *Controller) read(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
+	obj, err := c.get(key)
+	if apierrors.IsNotFound(err) && c.sweeps.strays.has(key) {
+		return c.sweeps.getStray(ctx, key)
+	}
+	return obj, err
+}
+
+// get reads key from the informer's cache.
+func (c *Controller) get(key cache.ObjectName) (*cachedUUID, error) {
+	obj, exists, err := c.store.GetByKey(key.String())
+	if err != nil {
+		return nil, fmt.Errorf("reading %s from the cache: %w", key, err)
+	}
+	if !exists {
+		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
+	}
+	u, ok := obj.(*cachedUUID)
+	if !ok {
+		return nil, fmt.Errorf("cache holds a %T for %s, not a *cachedUUID", obj, key)
+	}
+	return u, nil
 }
 
 // alreadyWritten tells whether obj is the version this controller gave a
@@ -419,75 +421,6 @@ func (c *Controller) assignUUID(ctx context.Context, obj *cachedUUID) error {
 	return nil
 }
 
-// removeKopfFinalizer removes kopf's finalizer, at index i, from obj, which
-// is being deleted. A failed patch test (the finalizers changed under the
-// cache) comes back as a Conflict, so the object is retried from the
-// cache's newer view.
-func (c *Controller) removeKopfFinalizer(ctx context.Context, obj *cachedUUID, i int) error {
-	logger := klog.FromContext(ctx)
-	if err := c.policy.prove(ctx, obj.GetNamespace(), obj.GetName()); err != nil {
-		return fmt.Errorf("not removing finalizer %s from %s/%s: %w", kopf.Finalizer, obj.GetNamespace(), obj.GetName(), err)
-	}
-	patch, err := kopf.RemoveFinalizerPatch(i)
-	if err != nil {
-		return err
-	}
-	_, err = c.client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.JSONPatchType, patch,
-		metav1.PatchOptions{FieldManager: FieldManager})
-	switch {
-	case err == nil:
-		c.metrics.KopfFinalizersRemoved.Inc()
-		// Per object, so at -v=2 like an assignment; the metric counts them.
-		logger.V(2).Info("Removed kopf's finalizer from an object being deleted", "finalizer", kopf.Finalizer)
-		c.event(obj, corev1.EventTypeNormal, ReasonKopfFinalizerRemoved, "Removed finalizer "+kopf.Finalizer+": the kopf operator is gone")
-		return nil
-	case apierrors.IsNotFound(err):
-		return nil // deleted: its last finalizer went meanwhile
-	case kopf.IsFailedPatchTest(err):
-		return apierrors.NewConflict(uuidGVR.GroupResource(), obj.GetName(),
-			fmt.Errorf("kopf's finalizer is no longer at index %d: %w", i, err))
-	}
-	// Said on the object too: kubectl describe is where a user looks when
-	// a deletion hangs.
-	c.policy.forget()
-	err = fmt.Errorf("removing finalizer %s from %s/%s: %w", kopf.Finalizer, obj.GetNamespace(), obj.GetName(), err)
-	c.event(obj, corev1.EventTypeWarning, ReasonKopfFinalizerFailed, "Failed to remove kopf's finalizer: "+err.Error())
-	return err
-}
-
-// kopfFinalizerWaiting counts the cached objects whose deletion waits for
-// kopf's finalizer: the uuid_controller_kopf_finalizer_waiting_objects
-// gauge, computed at each scrape, so it is exact without tracking keys.
-func (c *Controller) kopfFinalizerWaiting() float64 {
-	n := 0
-	for _, obj := range c.store.List() {
-		if u, ok := obj.(*cachedUUID); ok && kopf.FinalizerIndex(u) >= 0 {
-			n++
-		}
-	}
-	return float64(n)
-}
-
-// get reads key from the informer's cache.
-func (c *Controller) get(key cache.ObjectName) (*cachedUUID, error) {
-	obj, exists, err := c.store.GetByKey(key.String())
-	if err != nil {
-		return nil, fmt.Errorf("reading %s from the cache: %w", key, err)
-	}
-	if !exists {
-		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
-	}
-	u, ok := obj.(*cachedUUID)
-	if !ok {
-		return nil, fmt.Errorf("cache holds a %T for %s, not a *cachedUUID", obj, key)
-	}
-	return u, nil
-}
-
-// useStatusClient sends status writes with rc (newStatusClient), whose
-// successful responses are not decoded.
-func (c *Controller) useStatusClient(rc rest.Interface) { c.sendStatus = restPatcher(rc) }
-
 // writeStatus patches st onto obj and counts the result.
 func (c *Controller) writeStatus(ctx context.Context, obj *cachedUUID, st Status) error {
 	err := patchStatus(ctx, c.sendStatus, obj, st)
@@ -500,14 +433,15 @@ func (c *Controller) writeStatus(ctx context.Context, obj *cachedUUID, st Status
 		c.metrics.StatusWrites.WithLabelValues("not_found").Inc()
 	default:
 		c.metrics.StatusWrites.WithLabelValues("error").Inc()
-		c.metrics.PatchFailures.WithLabelValues(failureMetricReason(err)).Inc()
+		_, reason := failureReasons(err)
+		c.metrics.PatchFailures.WithLabelValues(reason).Inc()
 	}
 	return err
 }
 
 // event posts an Event on obj, leaving out Normal ones unless asked for: an
 // Event per assignment doubles the API writes of a busy controller.
-func (c *Controller) event(obj *cachedUUID, eventType, reason, message string) {
+func (c *Controller) event(obj runtime.Object, eventType, reason, message string) {
 	if eventType == corev1.EventTypeNormal && !c.opts.NormalEvents {
 		return
 	}
@@ -540,7 +474,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// Not found: the object was deleted between the cache read and the
 		// write; nothing is left to do.
 		c.queue.Forget(key)
-		c.strays.remove(key)
+		c.sweeps.strays.remove(key)
 	case apierrors.IsConflict(err):
 		// Another writer (a second replica, a user) changed the object since
 		// our cache saw it. The next try reads the newer version and, if
@@ -549,7 +483,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.queue.AddRateLimited(key)
 	case isPermanent(err):
 		c.queue.Forget(key)
-		c.strays.remove(key)
+		c.sweeps.strays.remove(key)
 		c.metrics.Dropped.Inc()
 		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
 			"object", ref, "attempts", attempts)
@@ -630,26 +564,4 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {
 		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
 	}
-}
-
-// baseRetryDelay is an object's first retry delay; it doubles from there.
-const baseRetryDelay = 5 * time.Millisecond
-
-// rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
-// maxDelay, without client-go's overall 10 qps bucket, whose reservations
-// pile up through an outage (docs/design.md); the apiserver's API Priority
-// and Fairness (and --kube-api-qps, when set) protect the apiserver.
-func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
-	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
-}
-
-// backoffBefore is how long an object has been retried, in backoff alone,
-// when its attempt-th attempt starts.
-func backoffBefore(attempt int, maxDelay time.Duration) time.Duration {
-	rl := rateLimiter(maxDelay)
-	var total time.Duration
-	for range attempt - 1 {
-		total += rl.When(cache.ObjectName{})
-	}
-	return total
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -140,7 +139,7 @@ func TestRemoveKopfFinalizer(t *testing.T) {
 			if !strings.Contains(string(p.GetPatch()), `"path":"/metadata/finalizers/1"`) {
 				t.Errorf("patch %s does not address kopf's finalizer at index 1", p.GetPatch())
 			}
-			if got := testutil.ToFloat64(f.metrics.KopfFinalizersRemoved); got != tt.wantCount {
+			if got := metricValue(t, f.metrics.Registry, "uuid_controller_kopf_finalizers_removed_total"); got != tt.wantCount {
 				t.Errorf("kopf_finalizers_removed_total = %v, want %v", got, tt.wantCount)
 			}
 			if ev := f.events(); len(ev) != tt.wantEvents {
@@ -166,7 +165,7 @@ func TestKopfFinalizerRemovalLogsAtV2(t *testing.T) {
 		if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "deleting")); err != nil {
 			t.Fatal(err)
 		}
-		if got := testutil.ToFloat64(f.metrics.KopfFinalizersRemoved); got != 1 {
+		if got := metricValue(t, f.metrics.Registry, "uuid_controller_kopf_finalizers_removed_total"); got != 1 {
 			t.Fatalf("kopf_finalizers_removed_total = %v, want 1", got)
 		}
 		if lines := logs.Messages(); !slices.Equal(lines, tc.want) {

@@ -43,7 +43,7 @@ func TestNewControllerOnStartedInformer(t *testing.T) {
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	_, tctx := ktesting.NewTestContext(t)
-	_, err := NewController(tctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), noCRDGate{}, Options{})
+	_, err := NewController(tctx, testDeps(client, informer, record.NewFakeRecorder(1), NewMetrics()), Options{})
 	if err == nil || !strings.Contains(err.Error(), "must not have started") {
 		t.Errorf("err = %v, want one saying the informer must not have started", err)
 	}
@@ -54,7 +54,7 @@ func TestNewControllerRejectsNegativeOptions(t *testing.T) {
 	informer := dynamicinformer.NewDynamicSharedInformerFactory(client, 0).ForResource(uuidGVR)
 	_, ctx := ktesting.NewTestContext(t)
 	for _, opts := range []Options{{ErrorAfter: -1}, {MaxRetryDelay: -time.Second}} {
-		if _, err := NewController(ctx, client, informer, record.NewFakeRecorder(1), NewMetrics(), noCRDGate{}, opts); err == nil {
+		if _, err := NewController(ctx, testDeps(client, informer, record.NewFakeRecorder(1), NewMetrics()), opts); err == nil {
 			t.Errorf("%+v accepted", opts)
 		}
 	}

@@ -21,22 +21,9 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/demo-operator/uuid-controller/internal/markdown"
 )
-
-// mdDoc is what the tests need from one Markdown file.
-type mdDoc struct {
-	path    string
-	anchors map[string]bool
-	links   []mdRef // destinations of inline links, images and reference definitions
-	code    []mdRef // code spans and fenced code blocks
-	tables  [][]mdRef
-}
-
-// mdRef is a piece of text and the line it starts on.
-type mdRef struct {
-	text string
-	line int
-}
 
 // docSkipDirs are not the project's docs: build output and local state.
 var docSkipDirs = map[string]bool{"bin": true, "dist": true, ".local": true, ".git": true, "node_modules": true}
@@ -70,176 +57,16 @@ func markdownFiles(t *testing.T, root string) []string {
 	return files
 }
 
-var (
-	fenceRE   = regexp.MustCompile("^ {0,3}(`{3,}|~{3,})")
-	headingRE = regexp.MustCompile(`^ {0,3}(#{1,6})\s+(.*?)(\s+#+)?\s*$`)
-	// linkDestRE matches the destination of an inline link or image:
-	// `](dest)` or `](dest "title")`.
-	linkDestRE = regexp.MustCompile(`\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+"[^"]*")?\s*\)`)
-	refDefRE   = regexp.MustCompile(`^ {0,3}\[[^\]]+\]:\s*(\S+)`)
-	htmlIDRE   = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
-	inlineLink = regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`)
-)
-
-// parseMarkdown reads the parts of CommonMark the checks need: ATX
-// headings, fenced code, code spans (which may span lines within a
-// paragraph), link destinations and pipe tables.
-func parseMarkdown(path string, src string) mdDoc {
-	doc := mdDoc{path: path, anchors: map[string]bool{}}
-	slugCount := map[string]int{}
-	lines := strings.Split(src, "\n")
-	var fence string // the opening fence while inside a code block
-	var code strings.Builder
-	codeLine := 0
-	var para []string
-	paraLine := 0
-	var table []mdRef
-	flushPara := func() {
-		if len(para) > 0 {
-			doc.scanInline(strings.Join(para, "\n"), paraLine)
-			para = nil
-		}
-		if table != nil {
-			doc.tables = append(doc.tables, table)
-			table = nil
-		}
-	}
-	for i, line := range lines {
-		n := i + 1
-		if fence != "" {
-			if m := fenceRE.FindStringSubmatch(line); m != nil && m[1][0] == fence[0] && len(m[1]) >= len(fence) && strings.TrimSpace(line[len(m[0]):]) == "" {
-				doc.code = append(doc.code, mdRef{code.String(), codeLine})
-				code.Reset()
-				fence = ""
-				continue
-			}
-			code.WriteString(line + "\n")
-			continue
-		}
-		// A fence may be indented inside a list item; up to 3 spaces
-		// more than the item's own indentation is enough here.
-		trimmed := strings.TrimLeft(line, " ")
-		if m := fenceRE.FindStringSubmatch(trimmed); m != nil {
-			flushPara()
-			fence, codeLine = m[1], n+1
-			continue
-		}
-		if m := headingRE.FindStringSubmatch(line); m != nil {
-			flushPara()
-			slug := githubSlug(m[2])
-			if c := slugCount[slug]; c > 0 {
-				doc.anchors[slug+"-"+strconv.Itoa(c)] = true
-			} else {
-				doc.anchors[slug] = true
-			}
-			slugCount[slug]++
-			doc.scanInline(m[2], n)
-			continue
-		}
-		if strings.TrimSpace(line) == "" {
-			flushPara()
-			continue
-		}
-		if m := refDefRE.FindStringSubmatch(line); m != nil {
-			doc.links = append(doc.links, mdRef{m[1], n})
-		}
-		for _, m := range htmlIDRE.FindAllStringSubmatch(line, -1) {
-			doc.anchors[m[1]] = true
-		}
-		if strings.HasPrefix(strings.TrimSpace(line), "|") {
-			table = append(table, mdRef{line, n})
-		}
-		if len(para) == 0 {
-			paraLine = n
-		}
-		para = append(para, line)
-	}
-	if fence != "" {
-		doc.code = append(doc.code, mdRef{code.String(), codeLine})
-	}
-	flushPara()
-	return doc
-}
-
-// scanInline collects the code spans and link destinations of one block
-// of text starting at line first. A link inside a code span is not a link.
-func (d *mdDoc) scanInline(text string, first int) {
-	var rest strings.Builder
-	for i := 0; i < len(text); {
-		if text[i] != '`' {
-			rest.WriteByte(text[i])
-			i++
-			continue
-		}
-		n := 0
-		for i+n < len(text) && text[i+n] == '`' {
-			n++
-		}
-		end := closingBackticks(text, i+n, n)
-		if end < 0 { // no closing run: literal backticks
-			rest.WriteString(text[i : i+n])
-			i += n
-			continue
-		}
-		span := strings.ReplaceAll(text[i+n:end], "\n", " ")
-		d.code = append(d.code, mdRef{span, first + strings.Count(text[:i], "\n")})
-		// Keep the line count of what was removed.
-		rest.WriteString(strings.Repeat("\n", strings.Count(text[i:end+n], "\n")))
-		i = end + n
-	}
-	plain := rest.String()
-	for _, m := range linkDestRE.FindAllStringSubmatchIndex(plain, -1) {
-		dest := strings.Trim(plain[m[2]:m[3]], "<>")
-		d.links = append(d.links, mdRef{dest, first + strings.Count(plain[:m[0]], "\n")})
-	}
-}
-
-// closingBackticks returns the index of the next run of exactly n
-// backticks at or after from, or -1.
-func closingBackticks(s string, from, n int) int {
-	for i := from; i < len(s); {
-		if s[i] != '`' {
-			i++
-			continue
-		}
-		j := i
-		for j < len(s) && s[j] == '`' {
-			j++
-		}
-		if j-i == n {
-			return i
-		}
-		i = j
-	}
-	return -1
-}
-
-// githubSlug is the anchor GitHub gives a heading: the rendered text in
-// lower case, without punctuation other than '-' and '_', spaces to '-'.
-func githubSlug(heading string) string {
-	heading = inlineLink.ReplaceAllString(heading, "$1")
-	var b strings.Builder
-	for _, r := range strings.ToLower(heading) {
-		switch {
-		case r == ' ':
-			b.WriteByte('-')
-		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
 // loadDocs parses every Markdown file of the repository.
-func loadDocs(t *testing.T) map[string]mdDoc {
+func loadDocs(t *testing.T) map[string]markdown.Doc {
 	t.Helper()
-	docs := map[string]mdDoc{}
+	docs := map[string]markdown.Doc{}
 	for _, f := range markdownFiles(t, ".") {
 		src, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		docs[f] = parseMarkdown(f, string(src))
+		docs[f] = markdown.Parse(f, string(src))
 	}
 	return docs
 }
@@ -248,27 +75,27 @@ var uriSchemeRE = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
 
 // checkLinks returns one message per relative link or anchor in docs that
 // does not resolve. Absolute URLs are not fetched.
-func checkLinks(docs map[string]mdDoc, exists func(string) bool) []string {
+func checkLinks(docs map[string]markdown.Doc, exists func(string) bool) []string {
 	var bad []string
 	for _, name := range sortedKeys(docs) {
 		doc := docs[name]
-		for _, l := range doc.links {
-			if uriSchemeRE.MatchString(l.text) || strings.HasPrefix(l.text, "//") {
+		for _, l := range doc.Links {
+			if uriSchemeRE.MatchString(l.Text) || strings.HasPrefix(l.Text, "//") {
 				continue
 			}
-			where := fmt.Sprintf("%s:%d: link %q", doc.path, l.line, l.text)
-			target, frag, _ := strings.Cut(l.text, "#")
+			where := fmt.Sprintf("%s:%d: link %q", doc.Path, l.Line, l.Text)
+			target, frag, _ := strings.Cut(l.Text, "#")
 			target, err := url.PathUnescape(target)
 			if err != nil {
 				bad = append(bad, fmt.Sprintf("%s: %v", where, err))
 				continue
 			}
-			file := doc.path
+			file := doc.Path
 			if target != "" {
 				if strings.HasPrefix(target, "/") { // GitHub: the repository's root
 					file = strings.TrimPrefix(target, "/")
 				} else {
-					file = filepath.ToSlash(filepath.Join(filepath.Dir(doc.path), target))
+					file = filepath.ToSlash(filepath.Join(filepath.Dir(doc.Path), target))
 				}
 				if file == ".." || strings.HasPrefix(file, "../") {
 					bad = append(bad, where+": points outside the repository")
@@ -287,7 +114,7 @@ func checkLinks(docs map[string]mdDoc, exists func(string) bool) []string {
 				bad = append(bad, fmt.Sprintf("%s: anchor #%s into %s, which is not a checked Markdown file", where, frag, file))
 				continue
 			}
-			if frag, err = url.PathUnescape(frag); err != nil || !td.anchors[frag] {
+			if frag, err = url.PathUnescape(frag); err != nil || !td.Anchors[frag] {
 				bad = append(bad, fmt.Sprintf("%s: %s has no heading with anchor #%s", where, file, frag))
 			}
 		}
@@ -400,13 +227,13 @@ func makefileTargets(src string) map[string]bool {
 
 // checkMakeTargets returns one message per `make X` in the docs' code
 // whose X the Makefile does not define.
-func checkMakeTargets(docs map[string]mdDoc, targets map[string]bool) []string {
+func checkMakeTargets(docs map[string]markdown.Doc, targets map[string]bool) []string {
 	var bad []string
 	for _, name := range sortedKeys(docs) {
-		for _, c := range docs[name].code {
-			for _, target := range makeTargetsInCode(c.text) {
+		for _, c := range docs[name].Code {
+			for _, target := range makeTargetsInCode(c.Text) {
 				if !targets[target] {
-					bad = append(bad, fmt.Sprintf("%s:%d: `make %s`: the Makefile has no target %q", name, c.line, target, target))
+					bad = append(bad, fmt.Sprintf("%s:%d: `make %s`: the Makefile has no target %q", name, c.Line, target, target))
 				}
 			}
 		}
@@ -428,8 +255,8 @@ func TestDocsMakeTargets(t *testing.T) {
 	docs := loadDocs(t)
 	named := 0
 	for _, d := range docs {
-		for _, c := range d.code {
-			named += len(makeTargetsInCode(c.text))
+		for _, c := range d.Code {
+			named += len(makeTargetsInCode(c.Text))
 		}
 	}
 	if named == 0 {
@@ -445,25 +272,25 @@ const flagsDoc = "docs/flags.md"
 // flagsTable reads the flags table of docs/flags.md: the table whose
 // header is "flag | default | meaning". A row's flag is a code span
 // `--name`; its default is a code span, or empty for an empty default.
-func flagsTable(doc mdDoc) (map[string]string, []string) {
+func flagsTable(doc markdown.Doc) (map[string]string, []string) {
 	var errs []string
-	for _, table := range doc.tables {
+	for _, table := range doc.Tables {
 		if len(table) < 2 {
 			continue
 		}
-		header := tableCells(table[0].text)
+		header := markdown.TableCells(table[0].Text)
 		if len(header) < 2 || header[0] != "flag" || header[1] != "default" {
 			continue
 		}
 		rows := map[string]string{}
 		for _, row := range table[2:] {
-			cells := tableCells(row.text)
-			where := fmt.Sprintf("%s:%d", doc.path, row.line)
+			cells := markdown.TableCells(row.Text)
+			where := fmt.Sprintf("%s:%d", doc.Path, row.Line)
 			if len(cells) < 2 {
 				errs = append(errs, where+": a row needs a flag and a default")
 				continue
 			}
-			name, ok := codeSpan(cells[0])
+			name, ok := markdown.CodeSpan(cells[0])
 			if !ok || !strings.HasPrefix(name, "--") {
 				errs = append(errs, fmt.Sprintf("%s: flag cell %q is not one `--flag`", where, cells[0]))
 				continue
@@ -471,7 +298,7 @@ func flagsTable(doc mdDoc) (map[string]string, []string) {
 			name = strings.TrimPrefix(name, "--")
 			def := ""
 			if cells[1] != "" {
-				if def, ok = codeSpan(cells[1]); !ok {
+				if def, ok = markdown.CodeSpan(cells[1]); !ok {
 					errs = append(errs, fmt.Sprintf("%s: default cell %q of --%s is not one code span", where, cells[1], name))
 					continue
 				}
@@ -483,36 +310,7 @@ func flagsTable(doc mdDoc) (map[string]string, []string) {
 		}
 		return rows, errs
 	}
-	return nil, append(errs, doc.path+": no table with the header | flag | default | meaning |")
-}
-
-func tableCells(row string) []string {
-	row = strings.TrimSpace(row)
-	row = strings.TrimPrefix(row, "|")
-	row = strings.TrimSuffix(row, "|")
-	var cells []string
-	var cur strings.Builder
-	for i := 0; i < len(row); i++ {
-		switch {
-		case row[i] == '\\' && i+1 < len(row) && row[i+1] == '|':
-			cur.WriteByte('|')
-			i++
-		case row[i] == '|':
-			cells = append(cells, strings.TrimSpace(cur.String()))
-			cur.Reset()
-		default:
-			cur.WriteByte(row[i])
-		}
-	}
-	return append(cells, strings.TrimSpace(cur.String()))
-}
-
-// codeSpan returns the content of s when s is exactly one code span.
-func codeSpan(s string) (string, bool) {
-	if len(s) >= 2 && s[0] == '`' && s[len(s)-1] == '`' && !strings.Contains(s[1:len(s)-1], "`") {
-		return s[1 : len(s)-1], true
-	}
-	return "", false
+	return nil, append(errs, doc.Path+": no table with the header | flag | default | meaning |")
 }
 
 // registeredFlags returns the controller's flags and their defaults, as
@@ -555,7 +353,7 @@ func TestDocsFlagsTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	documented, errs := flagsTable(parseMarkdown(flagsDoc, string(src)))
+	documented, errs := flagsTable(markdown.Parse(flagsDoc, string(src)))
 	for _, msg := range append(errs, checkFlagsTable(documented, registered)...) {
 		t.Error(msg)
 	}
@@ -584,6 +382,71 @@ func TestDocsErrorAfterFigure(t *testing.T) {
 	}
 	if got, want := figures[0][1], strconv.Itoa(int(help.Seconds())); got != want {
 		t.Errorf("%s says --error-after's default is about %s s of retrying; --help computes %s (%s s)", page, got, help, want)
+	}
+}
+
+const designDoc = "docs/design.md"
+
+// layoutPackages reads the packages design.md's layout table lists: the
+// table whose header is "package | holds", one `path` a row.
+func layoutPackages(doc markdown.Doc) (map[string]bool, error) {
+	for _, table := range doc.Tables {
+		if header := markdown.TableCells(table[0].Text); len(header) < 2 || header[0] != "package" || header[1] != "holds" {
+			continue
+		}
+		listed := map[string]bool{}
+		for _, row := range table[min(2, len(table)):] {
+			name, ok := markdown.CodeSpan(markdown.TableCells(row.Text)[0])
+			if !ok {
+				return nil, fmt.Errorf("%s:%d: the package cell is not one code span", doc.Path, row.Line)
+			}
+			listed[name] = true
+		}
+		return listed, nil
+	}
+	return nil, fmt.Errorf("%s: no table with the header | package | holds |", doc.Path)
+}
+
+// internalPackages are the directories under internal/ that hold Go files.
+func internalPackages(t *testing.T) map[string]bool {
+	t.Helper()
+	pkgs := map[string]bool{}
+	err := filepath.WalkDir("internal", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") {
+			pkgs[filepath.ToSlash(filepath.Dir(path))] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkgs
+}
+
+// TestDocsLayoutTable: design.md's layout table lists exactly the
+// packages under internal/.
+func TestDocsLayoutTable(t *testing.T) {
+	src, err := os.ReadFile(designDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := layoutPackages(markdown.Parse(designDoc, string(src)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgs := internalPackages(t)
+	for _, p := range sortedKeys(pkgs) {
+		if !listed[p] {
+			t.Errorf("%s: the layout table does not list %s", designDoc, p)
+		}
+	}
+	for _, p := range sortedKeys(listed) {
+		if !pkgs[p] {
+			t.Errorf("%s: the layout table lists %s, which is no package under internal/", designDoc, p)
+		}
 	}
 }
 

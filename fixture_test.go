@@ -12,12 +12,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/informers"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -77,18 +80,12 @@ func newFixtureWithClient(t *testing.T, client *dynamicfake.FakeDynamicClient, o
 	_, ctx := ktesting.NewTestContext(t)
 	f := &fixture{t: t, ctx: ctx, client: client, recorder: record.NewFakeRecorder(100), metrics: NewMetrics()}
 	informer := dynamicinformer.NewDynamicSharedInformerFactory(client, 0).ForResource(uuidGVR)
-	ctrl, err := NewController(ctx, client, informer, f.recorder, f.metrics, noCRDGate{}, opts)
+	ctrl, err := NewController(ctx, testDeps(client, informer, f.recorder, f.metrics), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctrl.synced = func() bool { return true }
 	ctrl.newUUID = func() uuid.UUID { return uuid.MustParse(testUUID) }
-	if ctrl.policy != nil {
-		// The admission policy binds, proven at start: kopfpolicy_test.go
-		// tests the proof.
-		ctrl.policy.probe = func(context.Context, string, string) error { return nil }
-		ctrl.policy.proven = true
-	}
 	t.Cleanup(ctrl.queue.ShutDown)
 	f.ctrl = ctrl
 	f.indexer = informer.Informer().GetIndexer()
@@ -97,7 +94,39 @@ func newFixtureWithClient(t *testing.T, client *dynamicfake.FakeDynamicClient, o
 			t.Fatal(err)
 		}
 	}
+	// The admission policy is proven at start, as Run proves it; Run
+	// returns at once on a cancelled context.
+	started, cancel := context.WithCancel(ctx)
+	cancel()
+	ctrl.kopf.Run(started)
 	return f
+}
+
+// testDeps are a controller's dependencies over the fake client: status
+// written with the dynamic client, no CRD check, and a kopf admission
+// policy that binds (internal/kopf tests the proof).
+func testDeps(client dynamic.Interface, informer informers.GenericInformer, recorder record.EventRecorder, metrics *Metrics) Deps {
+	return Deps{Client: client, Informer: informer, Status: dynamicPatcher(client.Resource(uuidGVR)),
+		Recorder: recorder, Metrics: metrics, CRD: noCRDGate{},
+		KopfProbe: func(context.Context, string, string) error { return nil }}
+}
+
+// metricValue is the value of the metric name (a counter or gauge
+// without labels) in reg.
+func metricValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			m := mf.GetMetric()[0]
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no single series of %s", name)
+	return 0
 }
 
 // syncCache copies the object's current state from the fake API into the

@@ -37,6 +37,8 @@ type config struct {
 	printVersion bool
 	// opts is the controller's options, NormalEvents from eventLevel.
 	opts Options
+	// namespaces is namespace split (splitNamespaces): nil for all.
+	namespaces []string
 }
 
 // serviceAccountNamespaceFile holds the pod's namespace inside a cluster; a
@@ -50,7 +52,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	c := &config{opts: d, leader: defaultLeaderElection()}
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster config, then ~/.kube/config.")
 	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
-	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in this namespace only. Default: all namespaces.")
+	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in these namespaces only: one name, or a comma-separated list (team-a,team-b). Default: all namespaces.")
 	fs.IntVar(&c.workers, "workers", defaultWorkers, "Number of objects reconciled at once. Each waits on one API round trip, so more workers keep a burst from queueing.")
 	fs.IntVar(&c.opts.ErrorAfter, "error-after", d.ErrorAfter, fmt.Sprintf("Failed attempts on an object (about %s of backoff by default) before its status says state Error and a Warning Event is posted. Retrying goes on.",
 		backoffBefore(d.ErrorAfter, d.MaxRetryDelay).Round(time.Second)))
@@ -120,9 +122,9 @@ func (c *config) validate() error {
 		errs = append(errs, fmt.Errorf("--kube-api-read-idle-timeout and --kube-api-ping-timeout must be whole seconds, at least 1s, got %s and %s", c.readIdle, c.pingTimeout))
 	}
 	errs = append(errs, c.secureMetrics.Validate()...)
-	// A bad name would otherwise surface only as a failing list in the log,
-	// with the controller never becoming ready.
-	errs = append(errs, checkName("--namespace", c.namespace, validation.IsDNS1123Label)...)
+	var nsErrs []error
+	c.namespaces, nsErrs = splitNamespaces(c.namespace)
+	errs = append(errs, nsErrs...)
 	if c.eventLevel != corev1.EventTypeNormal && c.eventLevel != corev1.EventTypeWarning {
 		errs = append(errs, fmt.Errorf("--event-level must be Normal or Warning, got %q", c.eventLevel))
 	}

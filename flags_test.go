@@ -36,6 +36,12 @@ func TestFlagDefaultsAreValid(t *testing.T) {
 	if c, err := parse("--namespace=team-a", "--leader-elect", "--leader-elect-name=uuid.controller"); err != nil || c.namespace != "team-a" {
 		t.Errorf("valid names rejected: %v, %v", c, err)
 	}
+	if c, err := parse("--namespace=team-a,team-b"); err != nil || !slices.Equal(c.namespaces, []string{"team-a", "team-b"}) {
+		t.Errorf("--namespace=team-a,team-b: namespaces %v, error %v; want [team-a team-b]", c.namespaces, err)
+	}
+	if c, err := parse(); err != nil || c.namespaces != nil {
+		t.Errorf("no --namespace: namespaces %v, error %v; want nil (all)", c.namespaces, err)
+	}
 	if c, err := parse("--event-level=normal"); err != nil || c.eventLevel != "Normal" {
 		t.Errorf("event level not normalised: %v, %v", c, err)
 	}
@@ -65,6 +71,10 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--leader-elect", "--leader-elect-name="}, "--leader-elect-name must not be empty"},
 		{[]string{"--leader-elect", "--leader-elect-retry-period=0"}, "durations must be positive"},
 		{[]string{"--namespace=Bad_NS"}, `--namespace "Bad_NS" is not a valid name`},
+		{[]string{"--namespace=team-a,Bad_NS"}, `--namespace "Bad_NS" is not a valid name`},
+		{[]string{"--namespace=team-a,,team-b"}, `--namespace "team-a,,team-b": item 2 is empty`},
+		{[]string{"--namespace=team-a,"}, `--namespace "team-a,": item 2 is empty`},
+		{[]string{"--namespace=team-a,team-b,team-a"}, `--namespace "team-a,team-b,team-a": "team-a" is listed twice`},
 		{[]string{"--leader-elect", "--leader-elect-name=a/b"}, `--leader-elect-name "a/b" is not a valid name`},
 		{[]string{"--leader-elect", "--leader-elect-namespace=kube.system"}, `--leader-elect-namespace "kube.system" is not a valid name`},
 		{[]string{"--metrics-cert-file=tls.crt"}, "--metrics-cert-file and --metrics-key-file must be given together"},

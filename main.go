@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -29,6 +30,7 @@ import (
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 	"github.com/demo-operator/uuid-controller/internal/memlimit"
 	"github.com/demo-operator/uuid-controller/internal/metricsserver"
+	"github.com/demo-operator/uuid-controller/internal/nscheck"
 	"github.com/demo-operator/uuid-controller/internal/version"
 )
 
@@ -72,100 +74,43 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	logger.Info("Go memory limit", "bytes", memLimit.Bytes, "source", memLimit.Source)
 	setHTTP2HealthCheck(cfg.readIdle, cfg.pingTimeout)
-	restConfig, err := buildConfig(cfg.kubeconfig, cfg.master)
+	c, err := newClients(cfg)
 	if err != nil {
 		return err
 	}
-	tuneClient(restConfig, cfg)
-	dyn, err := dynamic.NewForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("building dynamic client: %w", err)
-	}
-	kube, err := kubernetes.NewForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("building clientset: %w", err)
-	}
-
 	metrics := NewMetrics()
+	// Before the controller's queue exists, or the queue exports nothing.
 	queueRegistry := registerWorkqueueMetrics()
-
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartStructuredLogging(3)
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: controllerName})
-
-	disc, err := discovery.NewDiscoveryClientForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("building discovery client: %w", err)
-	}
-	var w *watch
-	crd := crdcheck.New(crdcheck.Config{
-		Discovery: disc, Resource: uuidGVR, Kind: uuidKind,
-		Status: reflect.TypeFor[Status](), Samples: statusSamples,
-		Fix:   crdFix,
-		Ready: metrics.CRDReady,
-		// The watch follows the CRD: narrowed while it declares the field.
-		SelectableField: selectableField,
-		Checked:         func() { w.Poke() },
-	})
-	newInf := func(narrowed bool) informers.GenericInformer {
-		return newInformer(dyn, cfg.namespace, cfg.resync, narrowed)
-	}
-	ctrl, err := NewController(ctx, dyn, newInf(false), recorder, metrics, crd, cfg.opts)
+	recorder, stopEvents := newRecorder(ctx, c.kube)
+	defer stopEvents()
+	nsCheck, err := newNamespaceCheck(cfg.namespaces, c.kube, metrics.Registerer())
 	if err != nil {
 		return err
 	}
-	w = newWatch(newInf, ctrl.attach, crd.Selectable, cfg.opts.RemoveKopfFinalizer, metrics.WatchNarrowed)
-	w.onWatchError = crd.Suspect
-	ctrl.useWatch(w, cfg.namespace)
-	statusClient, err := newStatusClient(restConfig)
+	ctrl, w, crd, err := newController(ctx, cfg, c, metrics, recorder, nsCheck)
 	if err != nil {
 		return err
 	}
-	ctrl.useStatusClient(statusClient)
-	checks := []readyCheck{{"crd", crd.Ready}}
-	if ctrl.policy != nil {
-		checks = append(checks, readyCheck{"kopf-migration-policy", ctrl.policy.Ready})
-	}
-	ready := readiness(w.HasSynced, checks...)
-
-	waitHealth, err := serveProbes(ctx, "health", cfg.healthAddr, healthHandler(ready))
-	if err != nil {
-		return err
-	}
+	ready := readiness(w.HasSynced, readyCheck{"crd", crd.Ready}, readyCheck{"namespaces", nsCheck.Ready},
+		readyCheck{"kopf-migration-policy", ctrl.kopf.Ready})
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
-	defer func() { cancel(); waitHealth() }()
-	metricsPage, metricsTLS := metricsHandler(metrics.Registry, queueRegistry), (*tls.Config)(nil)
-	if serverEnabled(cfg.metricsAddr) {
-		secure := cfg.secureMetrics
-		secure.Name = controllerName
-		metricsPage, metricsTLS, err = metricsserver.Secure(ctx, secure, restConfig, metrics.MetricsRequests, metricsPage)
-		if err != nil {
-			return err
-		}
-	}
-	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, metricsTLS, metricsPage)
+	waitServers, err := startServers(ctx, cancel, cfg, c.rest, ready, metrics, queueRegistry)
 	if err != nil {
 		return err
 	}
-	defer func() { cancel(); waitMetrics() }()
-
+	defer waitServers()
 	// Standbys run the informer too, so a new leader starts with a warm
 	// cache.
-	informerDone := make(chan struct{})
-	go func() { defer close(informerDone); w.Run(ctx) }()
-	defer func() { cancel(); <-informerDone }()
-	crdDone := make(chan struct{})
+	defer background(cancel, func() { w.Run(ctx) })()
 	// Once a wrong CRD is fixed, the objects held back are queued at once
 	// rather than at the end of their backoff.
-	go func() { defer close(crdDone); crd.Run(ctx, ctrl.requeueUnfinished) }()
-	defer func() { cancel(); <-crdDone }()
+	defer background(cancel, func() { crd.Run(ctx, ctrl.requeueUnfinished) })()
+	defer background(cancel, func() { nsCheck.Run(ctx) })()
 	if cfg.opts.RemoveKopfFinalizer {
 		logger.Info("Removing kopf's finalizer from Uuid objects being deleted", "finalizer", kopf.Finalizer)
 	}
-	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespace", cfg.namespace)
+	logger.Info("Watching Uuid objects", "resource", uuidGVR.String(), "namespaces", cfg.namespaces)
 
 	var runErr error
 	work := func(ctx context.Context) { runErr = ctrl.Run(ctx, cfg.workers) }
@@ -174,10 +119,128 @@ func run(ctx context.Context, cfg *config) error {
 		work(ctx)
 		return runErr
 	}
-	if err := runLeading(ctx, kube, cfg.leader, metrics, work); err != nil {
+	if err := runLeading(ctx, c.kube, cfg.leader, metrics, work); err != nil {
 		return err
 	}
 	return runErr
+}
+
+// background runs f in a goroutine. The wait it returns cancels f's
+// context (with cancel) and waits for f to return: deferred, it stops f
+// before run returns.
+func background(cancel context.CancelFunc, f func()) (wait func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	return func() { cancel(); <-done }
+}
+
+// clients are the controller's connections to the apiserver.
+type clients struct {
+	rest *rest.Config
+	dyn  dynamic.Interface
+	// informerDyn is the informer's dynamic client, which decodes a Uuid
+	// straight into its cache entry (decode.go).
+	informerDyn dynamic.Interface
+	kube        kubernetes.Interface
+	disc        discovery.DiscoveryInterfaceWithContext
+	// status is the status transport: restPatcher, which does not decode
+	// the object the apiserver returns (status.go).
+	status statusPatcher
+}
+
+// newClients builds every client from the flags' kubeconfig, tuned by
+// tuneClient.
+func newClients(cfg *config) (*clients, error) {
+	restConfig, err := buildConfig(cfg.kubeconfig, cfg.master)
+	if err != nil {
+		return nil, err
+	}
+	tuneClient(restConfig, cfg)
+	c := &clients{rest: restConfig}
+	if c.dyn, err = dynamic.NewForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building dynamic client: %w", err)
+	}
+	if c.informerDyn, err = newInformerClient(restConfig); err != nil {
+		return nil, err
+	}
+	if c.kube, err = kubernetes.NewForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building clientset: %w", err)
+	}
+	if c.disc, err = discovery.NewDiscoveryClientForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building discovery client: %w", err)
+	}
+	statusClient, err := newStatusClient(restConfig)
+	if err != nil {
+		return nil, err
+	}
+	c.status = restPatcher(statusClient)
+	return c, nil
+}
+
+// newRecorder posts Events through kube, and logs them at -v=3; stop
+// flushes and stops it.
+func newRecorder(ctx context.Context, kube kubernetes.Interface) (_ record.EventRecorder, stop func()) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartStructuredLogging(3)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: controllerName}), broadcaster.Shutdown
+}
+
+// newController builds the CRD check, the controller and the watch that
+// feeds it, none of them started.
+func newController(ctx context.Context, cfg *config, c *clients, metrics *Metrics, recorder record.EventRecorder,
+	nsCheck *nscheck.Checker) (*Controller, *watch, *crdcheck.Checker, error) {
+	var w *watch
+	crd, err := crdcheck.New(crdcheck.Config{
+		Discovery: c.disc, Resource: uuidGVR, Kind: uuidKind,
+		Status: reflect.TypeFor[Status](), Samples: statusSamples,
+		Fix:     crdFix,
+		Metrics: metrics.Registerer(),
+		// The watch follows the CRD: narrowed while it declares the field.
+		SelectableField: selectableField,
+		Checked:         func() { w.Poke() },
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	newInf := func(namespace string, narrowed bool) informers.GenericInformer {
+		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed)
+	}
+	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false), Status: c.status,
+		Recorder: recorder, Metrics: metrics, CRD: crd}, cfg.opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w = newWatch(cfg.namespaces, newInf, ctrl.attach, crd.Selectable, cfg.opts.RemoveKopfFinalizer, metrics.WatchNarrowed)
+	w.onWatchError = func() { crd.Suspect(); nsCheck.Poke() }
+	ctrl.useWatch(w, cfg.namespaces)
+	return ctrl, w, crd, nil
+}
+
+// startServers starts the health server and the metrics server. The wait
+// it returns cancels ctx (with cancel) and waits for both to stop.
+func startServers(ctx context.Context, cancel context.CancelFunc, cfg *config, rc *rest.Config, ready func() []notReady,
+	metrics *Metrics, queueRegistry *prometheus.Registry) (wait func(), err error) {
+	waitHealth, err := serveProbes(ctx, "health", cfg.healthAddr, healthHandler(ready))
+	if err != nil {
+		return nil, err
+	}
+	stopHealth := func() { cancel(); waitHealth() }
+	page, tlsConfig := metricsHandler(metrics.Registry, queueRegistry), (*tls.Config)(nil)
+	if serverEnabled(cfg.metricsAddr) {
+		secure := cfg.secureMetrics
+		secure.Name = controllerName
+		if page, tlsConfig, err = metricsserver.Secure(ctx, secure, rc, metrics.Registerer(), page); err != nil {
+			stopHealth()
+			return nil, err
+		}
+	}
+	waitMetrics, err := serve(ctx, "metrics", cfg.metricsAddr, tlsConfig, page)
+	if err != nil {
+		stopHealth()
+		return nil, err
+	}
+	return func() { cancel(); waitMetrics(); waitHealth() }, nil
 }
 
 // tuneClient sets what the controller asks of every client: its rate limit

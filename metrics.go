@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/demo-operator/uuid-controller/internal/version"
@@ -17,7 +13,10 @@ import (
 const metricsNamespace = "uuid_controller"
 
 // Metrics are the controller's own counters. They live on a private registry
-// so tests can build as many controllers as they like.
+// so tests can build as many controllers as they like. Other packages
+// register theirs on it through Registerer: internal/crdcheck,
+// internal/kopf and internal/metricsserver (docs/metrics.md lists them by
+// package).
 type Metrics struct {
 	Registry *prometheus.Registry
 	// Assigned counts UUIDs written to a status.
@@ -34,23 +33,9 @@ type Metrics struct {
 	// Leader is 1 while this process holds the lease (or runs without
 	// leader election).
 	Leader prometheus.Gauge
-	// MetricsRequests counts requests to the secure /metrics, by result
-	// (ok, unauthenticated, forbidden, rate_limited, review_failed) and
-	// reason (internal/metricsserver), so refusals show, and scrapes
-	// refused for an apiserver outage show once one gets through again.
-	MetricsRequests *prometheus.CounterVec
-	// CRDReady is 1 while the installed CRD can hold what the controller
-	// writes (internal/crdcheck).
-	CRDReady prometheus.Gauge
-	// KopfFinalizersRemoved counts kopf finalizers removed from objects
-	// being deleted (internal/kopf).
-	KopfFinalizersRemoved prometheus.Counter
 	// AssignmentLatency observes, per UUID assigned, the seconds from the
 	// object's creationTimestamp to the successful status write.
 	AssignmentLatency prometheus.Histogram
-	// KopfPolicyBound is 1 once a dry run has proven that the admission
-	// policy binds the controller (kopfpolicy.go).
-	KopfPolicyBound prometheus.Gauge
 	// WatchNarrowed is 1 while the informer in use watches only the
 	// objects waiting for a UUID (watch.go), 0 while it watches every one.
 	WatchNarrowed prometheus.Gauge
@@ -86,28 +71,12 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Name: "leader",
 			Help: "1 while this process is the active controller.",
 		}),
-		MetricsRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "metrics_requests_total",
-			Help: "Requests to the secure /metrics, by result of their authentication and authorization and the reason for it.",
-		}, []string{"result", "reason"}),
-		CRDReady: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "crd_ready",
-			Help: "1 while the installed Uuid CRD has the status subresource and schema the controller needs; 0 while it does not or before the first check.",
-		}),
-		KopfFinalizersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "kopf_finalizers_removed_total",
-			Help: "kopf finalizers removed from Uuid objects being deleted (--remove-kopf-finalizer).",
-		}),
 		AssignmentLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Name: "assignment_latency_seconds",
 			Help: "Seconds from an object's creationTimestamp (whole seconds, so up to 1 s early) to the status write that assigned its UUID.",
 			// From the apiserver's one-second timestamp resolution up to
 			// the hour an outage or a stopped controller can take.
 			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600},
-		}),
-		KopfPolicyBound: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "kopf_policy_bound",
-			Help: "1 once a dry run the admission policy uuid-controller-kopf-migration must deny was denied (--remove-kopf-finalizer); 0 before, or while such a dry run is allowed, when no kopf finalizer is removed.",
 		}),
 		WatchNarrowed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "watch_narrowed",
@@ -143,10 +112,16 @@ func NewMetrics() *Metrics {
 	build := version.Get()
 	buildInfo.WithLabelValues(build.Version, build.Revision, build.GoVersion).Set(1)
 	m.Registry.MustRegister(buildInfo)
-	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.MetricsRequests, m.CRDReady, m.KopfFinalizersRemoved, m.KopfPolicyBound, m.AssignmentLatency,
+	m.Registry.MustRegister(m.Assigned, m.StatusWrites, m.PatchFailures, m.Dropped, m.Leader, m.AssignmentLatency,
 		m.WatchNarrowed, m.Sweeps, m.SweepInvalid, m.SweepDuration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// Registerer is where another package registers its metrics: on the
+// controller's registry, each name prefixed with uuid_controller_.
+func (m *Metrics) Registerer() prometheus.Registerer {
+	return prometheus.WrapRegistererWithPrefix(metricsNamespace+"_", m.Registry)
 }
 
 // workqueue metrics are process-global in client-go (SetProvider takes effect
@@ -215,30 +190,4 @@ func (p *workqueueProvider) NewLongestRunningProcessorSecondsMetric(name string)
 }
 func (p *workqueueProvider) NewRetriesMetric(name string) workqueue.CounterMetric {
 	return p.retries.WithLabelValues(name)
-}
-
-// Reasons patch_failures_total gives a failure the apiserver did not
-// answer with a reason of its own.
-const (
-	// ReasonClientTimeout: the request did not get an answer, or could not
-	// leave the client-side rate limiter, within the sync's deadline.
-	ReasonClientTimeout = "ClientTimeout"
-	// ReasonClientError: no answer at all (connection refused or reset, TLS).
-	ReasonClientError = "ClientError"
-)
-
-// failureMetricReason is the reason label for a failed status write: the
-// apiserver's reason (Forbidden, Invalid, InternalError, ...), or what kept
-// the request from getting one, so a failure is never counted under "".
-func failureMetricReason(err error) string {
-	if r := apierrors.ReasonForError(err); r != "" {
-		return string(r)
-	}
-	// client-go wraps the rate limiter's refusal as text only
-	// ("client rate limiter Wait returned an error: rate: Wait(n=1) would
-	// exceed context deadline").
-	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "rate limiter Wait") {
-		return ReasonClientTimeout
-	}
-	return ReasonClientError
 }

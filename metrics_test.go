@@ -79,7 +79,7 @@ func TestFailureMetricReason(t *testing.T) {
 		{"connection refused", &url.Error{Op: "Patch", URL: "https://apiserver", Err: refused}, ReasonClientError},
 	}
 	for _, tt := range tests {
-		if got := failureMetricReason(tt.err); got != tt.want {
+		if _, got := failureReasons(tt.err); got != tt.want {
 			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
 		}
 	}

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // Options tune a Controller. A zero field takes its value from
@@ -27,7 +30,7 @@ type Options struct {
 	// assignment) as well as Warnings.
 	NormalEvents bool
 	// RemoveKopfFinalizer removes kopf's finalizer from objects being
-	// deleted (controller.go, removeKopfFinalizer). Off by default: it needs patch on uuid itself.
+	// deleted (internal/kopf, Migration). Off by default: it needs patch on uuid itself.
 	RemoveKopfFinalizer bool
 }
 
@@ -80,4 +83,26 @@ func (o Options) validate() error {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout must be positive, got %s", o.ShutdownTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// baseRetryDelay is an object's first retry delay; it doubles from there.
+const baseRetryDelay = 5 * time.Millisecond
+
+// rateLimiter is per-object exponential backoff from baseRetryDelay, capped at
+// maxDelay, without client-go's overall 10 qps bucket, whose reservations
+// pile up through an outage (docs/design.md); the apiserver's API Priority
+// and Fairness (and --kube-api-qps, when set) protect the apiserver.
+func rateLimiter(maxDelay time.Duration) workqueue.TypedRateLimiter[cache.ObjectName] {
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.ObjectName](baseRetryDelay, maxDelay)
+}
+
+// backoffBefore is how long an object has been retried, in backoff alone,
+// when its attempt-th attempt starts.
+func backoffBefore(attempt int, maxDelay time.Duration) time.Duration {
+	rl := rateLimiter(maxDelay)
+	var total time.Duration
+	for range attempt - 1 {
+		total += rl.When(cache.ObjectName{})
+	}
+	return total
 }

@@ -4,24 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-)
-
-// The values the controller writes into status.state. crd.yaml allows only these.
-const (
-	StateOk    = "Ok"
-	StateError = "Error"
 )
 
 // MessageAssigned is the status message of a successful assignment, as the
@@ -31,27 +23,6 @@ const MessageAssigned = "resource created successfully"
 // maxMessageLen keeps an error text well inside the CRD's maxLength for
 // message (4096), so the Error status itself is never rejected by validation.
 const maxMessageLen = 1024
-
-// Condition types. Ready is what `kubectl wait --for=condition=Ready`
-// looks for. Reconciling and Stalled are kstatus's "abnormal-true"
-// conditions (absent means False), which Flux's health checks and
-// `kstatus.Compute` read before anything else: Reconciling=True makes an
-// object InProgress, Stalled=True makes it Failed.
-const (
-	ConditionReady       = "Ready"
-	ConditionReconciling = "Reconciling"
-	ConditionStalled     = "Stalled"
-)
-
-// Condition reasons besides ReasonAssigned (Ready=True) and the
-// apiserver's reason for a failure (Ready=False).
-const (
-	// ReasonRetrying: Reconciling=True, a failure that is being retried.
-	ReasonRetrying = "Retrying"
-	// ReasonRejected: Stalled=True, the apiserver rejected the request as
-	// malformed; it is tried again on the object's next update or resync.
-	ReasonRejected = "Rejected"
-)
 
 // Status is the controller-owned part of a Uuid object.
 type Status struct {
@@ -83,12 +54,13 @@ func assignedStatus(id uuid.UUID, prev []metav1.Condition, now metav1.Time) Stat
 // "NA"), and an absent uuid lets a later update or resync try again.
 func errorStatus(err error, retrying bool, prev []metav1.Condition, now metav1.Time) Status {
 	msg := truncateMessage(err.Error(), maxMessageLen)
+	condReason, _ := failureReasons(err)
 	abnormal := metav1.Condition{Type: ConditionStalled, Status: metav1.ConditionTrue, Reason: ReasonRejected, Message: msg}
 	if retrying {
 		abnormal = metav1.Condition{Type: ConditionReconciling, Status: metav1.ConditionTrue, Reason: ReasonRetrying, Message: msg}
 	}
 	return Status{State: StateError, Message: msg, Conditions: conditions(prev, now,
-		metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: failureReason(err), Message: msg},
+		metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: condReason, Message: msg},
 		abnormal)}
 }
 
@@ -103,21 +75,6 @@ func conditions(prev []metav1.Condition, now metav1.Time, want ...metav1.Conditi
 		}
 	}
 	return want
-}
-
-// reasonPattern is the CRD's (and metav1.Condition's) pattern for a
-// condition reason.
-var reasonPattern = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
-
-// failureReason is the apiserver's reason for err (Forbidden,
-// InternalError, Invalid, ...), or ReasonFailed when it gave none (a
-// timeout, a connection error) or one the CRD would not accept, which
-// would get the failure report itself rejected.
-func failureReason(err error) string {
-	if r := string(apierrors.ReasonForError(err)); r != "" && len(r) <= 1024 && reasonPattern.MatchString(r) {
-		return r
-	}
-	return ReasonFailed
 }
 
 // sameStatus tells whether cur already says what st says, transition

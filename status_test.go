@@ -105,8 +105,8 @@ func TestFailureReason(t *testing.T) {
 		{&apierrors.StatusError{ErrStatus: metav1.Status{Reason: metav1.StatusReason(strings.Repeat("A", 1025)), Code: 500}}, ReasonFailed},
 		{errors.New("connection refused"), ReasonFailed},
 	} {
-		if got := failureReason(tt.err); got != tt.want {
-			t.Errorf("failureReason(%v) = %q, want %q", tt.err, got, tt.want)
+		if got, _ := failureReasons(tt.err); got != tt.want {
+			t.Errorf("failureReasons(%v) = %q, want %q", tt.err, got, tt.want)
 		}
 	}
 }

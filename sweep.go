@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -11,9 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/pager"
 	"k8s.io/klog/v2"
 
 	"github.com/demo-operator/uuid-controller/internal/kopf"
@@ -22,6 +22,40 @@ import (
 // sweepPageSize is how many objects one page of a sweep holds: the sweep's
 // memory is one page, whatever the number of objects.
 const sweepPageSize = 500
+
+// sweeper finds, for the leader of a narrowed watch, the objects that
+// watch cannot see: those whose status.uuid is set but is not a UUID.
+type sweeper struct {
+	// client lists the objects.
+	client dynamic.NamespaceableResourceInterface
+	// namespaces (nil for all) are what a sweep lists.
+	namespaces []string
+	// narrowed tells whether the narrowed informer is in use (watch.go):
+	// the full one holds every object already, so no sweep is needed.
+	narrowed func() bool
+	// enqueue queues a key for the workers.
+	enqueue func(cache.ObjectName)
+	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
+	// object (watch.keepFull).
+	onKopfFinalizer func()
+	metrics         *Metrics
+	// strays are the invalid objects found, until each has a UUID.
+	strays strays
+	// requests asks the leader for a sweep.
+	requests chan struct{}
+}
+
+func newSweeper(client dynamic.NamespaceableResourceInterface, enqueue func(cache.ObjectName), metrics *Metrics) *sweeper {
+	return &sweeper{
+		client:          client,
+		narrowed:        func() bool { return false },
+		enqueue:         enqueue,
+		onKopfFinalizer: func() {},
+		metrics:         metrics,
+		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
+		requests:        make(chan struct{}, 1),
+	}
+}
 
 // strays are the keys of objects a sweep found with a status.uuid that is
 // not a UUID (kopf's "NA", or anything written under an older CRD). A
@@ -52,95 +86,139 @@ func (s *strays) remove(k cache.ObjectName) {
 	delete(s.keys, k)
 }
 
-// requestSweep asks for a sweep: the watch put its narrowed informer in
-// use. The leader runs it (runSweeps); a standby keeps the request until
-// it leads.
-func (c *Controller) requestSweep() {
+// request asks for a sweep: the watch put its narrowed informer in use.
+// The leader runs it (run); a standby keeps the request until it leads.
+func (s *sweeper) request() {
 	select {
-	case c.sweepRequests <- struct{}{}:
+	case s.requests <- struct{}{}:
 	default: // one is pending already
 	}
 }
 
-// runSweeps runs a sweep for each request while ctx lasts, only while the
-// narrowed informer is in use: the full one holds every object already.
-func (c *Controller) runSweeps(ctx context.Context) {
+// run runs a sweep for each request while ctx lasts, only while the
+// narrowed informer is in use.
+func (s *sweeper) run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.sweepRequests:
+		case <-s.requests:
 		}
-		if w, ok := c.store.(*watch); !ok || !w.Narrowed() {
+		if !s.narrowed() {
 			continue
 		}
 		start := time.Now()
-		found, listed, err := c.sweep(ctx)
+		n, err := s.sweep(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			c.metrics.Sweeps.WithLabelValues("error").Inc()
-			logger.Error(err, "Sweep for invalid status.uuid values failed; retrying in a minute", "listed", listed)
-			time.AfterFunc(time.Minute, c.requestSweep)
+			s.metrics.Sweeps.WithLabelValues("error").Inc()
+			logger.Error(err, "Sweep for invalid status.uuid values failed; retrying in a minute",
+				"listed", n.listed, "expiredTokens", n.expired)
+			time.AfterFunc(time.Minute, s.request)
 			continue
 		}
-		c.metrics.Sweeps.WithLabelValues("ok").Inc()
-		c.metrics.SweepInvalid.Set(float64(found))
-		c.metrics.SweepDuration.Set(time.Since(start).Seconds())
-		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", listed, "invalid", found,
-			"duration", time.Since(start).Round(time.Millisecond))
+		s.metrics.Sweeps.WithLabelValues("ok").Inc()
+		s.metrics.SweepInvalid.Set(float64(n.found))
+		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
+		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
+			"expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
 
-// sweep pages through every object in c.namespace, sweepPageSize at a
-// time, and queues those whose status.uuid is set but is not a UUID.
-// The first object carrying kopf's finalizer calls onKopfFinalizer.
-func (c *Controller) sweep(ctx context.Context) (found, listed int, err error) {
-	kopfSeen := false
-	p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return c.client.Namespace(c.namespace).List(ctx, opts)
-	})
-	p.PageSize = sweepPageSize
-	err = p.EachListItemWithAlloc(ctx, metav1.ListOptions{}, func(obj runtime.Object) error {
-		listed++
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
+// sweepCounts are what one sweep saw: objects found invalid, objects
+// listed, continue tokens that expired on the way, and whether an object
+// carrying kopf's finalizer was seen.
+type sweepCounts struct {
+	found, listed, expired int
+	kopfSeen               bool
+}
+
+// sweep pages through every object in each of s.namespaces (all when
+// none), sweepPageSize at a time, and queues those whose status.uuid is
+// set but is not a UUID. The first object carrying kopf's finalizer calls
+// onKopfFinalizer. A namespace whose list fails does not stop the others.
+func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
+	namespaces := s.namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	var n sweepCounts
+	var errs []error
+	for _, ns := range namespaces {
+		if err := s.sweepNamespace(ctx, ns, &n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// sweepNamespace is sweep over namespace ns ("" for all), adding to n.
+//
+// A continue token names a revision, and the apiserver compacts etcd every
+// 5 minutes, which a sweep over a million objects outlasts: the next page
+// then fails with 410 Expired. That answer carries a token for the same
+// next key at the latest revision, and the sweep goes on from it rather
+// than starting over (which would never finish). Pages after it are newer
+// than those before; the sweep looks for values written before it began,
+// which they still show.
+func (s *sweeper) sweepNamespace(ctx context.Context, ns string, n *sweepCounts) error {
+	opts := metav1.ListOptions{Limit: sweepPageSize}
+	for {
+		list, err := s.client.Namespace(ns).List(ctx, opts)
+		if err != nil {
+			if next := continueAfterExpiry(err); opts.Continue != "" && next != "" && next != opts.Continue {
+				n.expired++
+				opts.Continue = next
+				continue
+			}
+			if ns == metav1.NamespaceAll {
+				return fmt.Errorf("listing %s (%d listed): %w", uuidGVR.GroupResource(), n.listed, err)
+			}
+			return fmt.Errorf("listing %s in namespace %s (%d listed): %w", uuidGVR.GroupResource(), ns, n.listed, err)
+		}
+		for i := range list.Items {
+			s.check(&list.Items[i], n)
+		}
+		if opts.Continue = list.GetContinue(); opts.Continue == "" {
 			return nil
 		}
-		if slices.Contains(u.GetFinalizers(), kopf.Finalizer) && !kopfSeen {
-			kopfSeen = true
-			c.onKopfFinalizer()
-		}
-		if _, problem := existingUUID(u); problem != "" {
-			found++
-			key := cache.ObjectName{Namespace: u.GetNamespace(), Name: u.GetName()}
-			c.strays.add(key)
-			c.queue.Add(key)
-		}
-		return nil
-	})
-	if err != nil {
-		return found, listed, fmt.Errorf("listing %s: %w", uuidGVR.GroupResource(), err)
 	}
-	return found, listed, nil
 }
 
-// read reads key from the cache or, for a stray, from the apiserver.
-func (c *Controller) read(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
-	obj, err := c.get(key)
-	if apierrors.IsNotFound(err) && c.strays.has(key) {
-		return c.getStray(ctx, key)
+// continueAfterExpiry is the continue token a 410 Expired answer to a
+// paginated list carries, or "".
+func continueAfterExpiry(err error) string {
+	var status apierrors.APIStatus
+	if !apierrors.IsResourceExpired(err) || !errors.As(err, &status) {
+		return ""
 	}
-	return obj, err
+	return status.Status().Continue
+}
+
+// check counts u into n and queues it when its status.uuid is set but is
+// not a UUID.
+func (s *sweeper) check(u *unstructured.Unstructured, n *sweepCounts) {
+	n.listed++
+	if !n.kopfSeen && slices.Contains(u.GetFinalizers(), kopf.Finalizer) {
+		n.kopfSeen = true
+		s.onKopfFinalizer()
+	}
+	if _, problem := existingUUID(u); problem != "" {
+		n.found++
+		key := cache.ObjectName{Namespace: u.GetNamespace(), Name: u.GetName()}
+		s.strays.add(key)
+		s.enqueue(key)
+	}
 }
 
 // getStray reads a stray from the apiserver, by a list narrowed to its
 // name (the controller may list, not get); NotFound once it is gone or has
 // a UUID, when it stops being a stray.
-func (c *Controller) getStray(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
-	list, err := c.client.Namespace(key.Namespace).List(ctx, metav1.ListOptions{
+func (s *sweeper) getStray(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
+	list, err := s.client.Namespace(key.Namespace).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name).String(),
 	})
 	if err != nil {
@@ -148,12 +226,12 @@ func (c *Controller) getStray(ctx context.Context, key cache.ObjectName) (*cache
 	}
 	i := slices.IndexFunc(list.Items, func(u unstructured.Unstructured) bool { return u.GetName() == key.Name })
 	if i < 0 {
-		c.strays.remove(key)
+		s.strays.remove(key)
 		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
 	}
 	obj := toCached(&list.Items[i])
 	if obj.hasUUID() {
-		c.strays.remove(key)
+		s.strays.remove(key)
 	}
 	return obj, nil
 }

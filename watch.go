@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -32,7 +34,7 @@ func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, 
 	if narrowed {
 		tweak = func(o *metav1.ListOptions) { o.FieldSelector = pendingSelector }
 	}
-	return dynamicinformer.NewFilteredDynamicInformer(dyn, uuidGVR, namespace, resync, cache.Indexers{}, tweak)
+	return newCachedInformer(dyn, namespace, resync, tweak)
 }
 
 // watchModes tells which informer the CRD allows: narrowed is whether the
@@ -47,9 +49,13 @@ type watchModes func() (narrowed, known bool)
 // has synced, and stops the old one, without a restart. It is the
 // controller's store: reads go to the informer in use.
 type watch struct {
-	// newInformer builds an informer, narrowed or not; attach sets the
-	// controller's transform and handlers on it before it starts.
-	newInformer func(narrowed bool) informers.GenericInformer
+	// namespaces are the namespaces watched, one informer each ("" alone:
+	// one informer over all namespaces).
+	namespaces []string
+	// newInformer builds the informer of one namespace, narrowed or not;
+	// attach sets the controller's transform and handlers on it before it
+	// starts.
+	newInformer func(namespace string, narrowed bool) informers.GenericInformer
 	attach      func(cache.SharedIndexInformer) error
 	modes       watchModes
 	// forceFull keeps the full informer whatever the CRD allows (the kopf
@@ -73,18 +79,28 @@ type watch struct {
 	cur atomic.Pointer[runningInformer]
 }
 
-// runningInformer is an informer started by watch.
+// runningInformer is the set of informers started by watch, one per
+// watched namespace, all narrowed or all not, all feeding the same
+// handlers (and so the controller's one queue).
 type runningInformer struct {
-	inf      cache.SharedIndexInformer
-	narrowed bool
-	stop     context.CancelFunc
-	done     chan struct{}
+	// infs holds each namespace's informer by name; "" is the one
+	// informer over all namespaces.
+	infs map[string]cache.SharedIndexInformer
+	// forbidden holds each namespace whose last list or watch was refused
+	// as Forbidden (string → bool): a scoped install not yet granted there.
+	forbidden sync.Map
+	narrowed  bool
+	stop      context.CancelFunc
+	done      chan struct{}
 }
 
-// newWatch is a watch; Run starts it.
-func newWatch(newInformer func(bool) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
+// newWatch is a watch over namespaces (nil or [""]: all); Run starts it.
+func newWatch(namespaces []string, newInformer func(string, bool) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
 	modes watchModes, forceFull bool, gauge prometheus.Gauge) *watch {
-	return &watch{newInformer: newInformer, attach: attach, modes: modes, forceFull: forceFull,
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	return &watch{namespaces: namespaces, newInformer: newInformer, attach: attach, modes: modes, forceFull: forceFull,
 		changed: make(chan struct{}, 1), narrowedGauge: gauge, onNarrowed: func() {}, onWatchError: func() {}}
 }
 
@@ -163,22 +179,50 @@ func (w *watch) Run(ctx context.Context) {
 	}
 }
 
-// start starts an informer, narrowed or not.
+// start starts the informers of every watched namespace, narrowed or not.
 func (w *watch) start(ctx context.Context, narrowed bool) (*runningInformer, error) {
-	inf := w.newInformer(narrowed).Informer()
-	if err := w.attach(inf); err != nil {
-		return nil, err
-	}
-	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		cache.DefaultWatchErrorHandler(ctx, r, err)
-		w.onWatchError()
-	}); err != nil {
-		return nil, fmt.Errorf("setting the watch error handler: %w", err)
-	}
 	ictx, stop := context.WithCancel(ctx)
-	r := &runningInformer{inf: inf, narrowed: narrowed, stop: stop, done: make(chan struct{})}
-	go func() { defer close(r.done); inf.RunWithContext(ictx) }()
+	r := &runningInformer{infs: make(map[string]cache.SharedIndexInformer, len(w.namespaces)),
+		narrowed: narrowed, stop: stop, done: make(chan struct{})}
+	for _, ns := range w.namespaces {
+		inf := w.newInformer(ns, narrowed).Informer()
+		if err := w.attach(inf); err != nil {
+			stop()
+			return nil, err
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, refl *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, refl, err)
+			r.forbidden.Store(ns, apierrors.IsForbidden(err))
+			w.onWatchError()
+		}); err != nil {
+			stop()
+			return nil, fmt.Errorf("setting the watch error handler: %w", err)
+		}
+		r.infs[ns] = inf
+	}
+	var running sync.WaitGroup
+	for _, inf := range r.infs {
+		running.Go(func() { inf.RunWithContext(ictx) })
+	}
+	go func() { running.Wait(); close(r.done) }()
 	return r, nil
+}
+
+// synced tells whether every informer of r has synced; with
+// skipForbidden, but those of named namespaces that refused their list as
+// Forbidden (the one informer over all namespaces is never skipped: with
+// nothing else to serve, the workers wait for it as before).
+func (r *runningInformer) synced(skipForbidden bool) bool {
+	for ns, inf := range r.infs {
+		if inf.HasSynced() {
+			continue
+		}
+		if forbidden, _ := r.forbidden.Load(ns); skipForbidden && ns != metav1.NamespaceAll && forbidden == true {
+			continue
+		}
+		return false
+	}
+	return true
 }
 
 // waitSynced waits for next to sync while the CRD still allows it; false
@@ -186,7 +230,7 @@ func (w *watch) start(ctx context.Context, narrowed bool) (*runningInformer, err
 func (w *watch) waitSynced(ctx context.Context, next *runningInformer) bool {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for !next.inf.HasSynced() {
+	for !next.synced(true) {
 		select {
 		case <-ctx.Done():
 			return false
@@ -223,28 +267,56 @@ func (w *watch) report(logger klog.Logger, narrowed, switched bool) {
 		"switched", switched)
 }
 
-// GetByKey reads key from the informer in use.
+// GetByKey reads key from the informer in use for the key's namespace.
 func (w *watch) GetByKey(key string) (any, bool, error) {
 	cur := w.cur.Load()
 	if cur == nil {
 		return nil, false, nil
 	}
-	return cur.inf.GetStore().GetByKey(key)
+	inf, ok := cur.infs[metav1.NamespaceAll]
+	if !ok {
+		ns, _, err := cache.SplitMetaNamespaceKey(key)
+		if err != nil {
+			return nil, false, err
+		}
+		if inf, ok = cur.infs[ns]; !ok {
+			return nil, false, nil // a namespace not watched
+		}
+	}
+	return inf.GetStore().GetByKey(key)
 }
 
-// List is every object the informer in use holds.
+// List is every object the informers in use hold.
 func (w *watch) List() []any {
 	cur := w.cur.Load()
 	if cur == nil {
 		return nil
 	}
-	return cur.inf.GetStore().List()
+	if inf, ok := cur.infs[metav1.NamespaceAll]; ok {
+		return inf.GetStore().List()
+	}
+	var all []any
+	for _, inf := range cur.infs {
+		all = append(all, inf.GetStore().List()...)
+	}
+	return all
 }
 
-// HasSynced tells whether an informer is in use and has synced.
+// HasSynced tells whether informers are in use and all have synced:
+// /readyz's informer check.
 func (w *watch) HasSynced() bool {
 	cur := w.cur.Load()
-	return cur != nil && cur.inf.HasSynced()
+	return cur != nil && cur.synced(false)
+}
+
+// Servable tells whether informers are in use and all have synced but
+// those of namespaces not granted (Forbidden): the workers start then, so
+// one namespace a scoped install may not read yet does not stop the others
+// being served. Its informer keeps retrying, and serves it once granted;
+// meanwhile the namespace check and HasSynced keep /readyz at 503.
+func (w *watch) Servable() bool {
+	cur := w.cur.Load()
+	return cur != nil && cur.synced(true)
 }
 
 // Narrowed tells whether the informer in use is the narrowed one.

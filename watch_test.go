@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,10 +10,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	apiwatch "k8s.io/apimachinery/pkg/watch"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/informers"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // The watch runs the informer the CRD allows and follows it both ways
@@ -34,11 +41,11 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	})
 	var narrowed, known atomic.Bool
 	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"})
-	newInf := func(n bool) informers.GenericInformer { return newInformer(client, "", 0, n) }
+	newInf := func(ns string, n bool) informers.GenericInformer { return newInformer(client, ns, 0, n) }
 	f := newFixtureWithClient(t, client, Options{})
-	w := newWatch(newInf, f.ctrl.attach, func() (bool, bool) { return narrowed.Load(), known.Load() }, false, gauge)
+	w := newWatch(nil, newInf, f.ctrl.attach, func() (bool, bool) { return narrowed.Load(), known.Load() }, false, gauge)
 	var sweeps atomic.Int32
-	f.ctrl.useWatch(w, "")
+	f.ctrl.useWatch(w, nil)
 	w.onNarrowed = func() { sweeps.Add(1) }
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
@@ -46,12 +53,8 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := framework.PollTrue(ctx, 10*time.Second, what, cond); err != nil {
+			t.Fatal(err)
 		}
 	}
 	lastSelector := func() string {
@@ -78,7 +81,9 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	narrowed.Store(true)
 	known.Store(true)
 	w.Poke()
-	waitFor("the narrowed informer", func() bool { return w.HasSynced() && w.Narrowed() })
+	// The sweep is requested once the old informer has stopped, a moment
+	// after Narrowed turns true.
+	waitFor("the narrowed informer and its sweep request", func() bool { return w.HasSynced() && w.Narrowed() && sweeps.Load() > 0 })
 	if got := lastSelector(); got != pendingSelector {
 		t.Errorf("narrowed informer's field selector = %q, want %q", got, pendingSelector)
 	}
@@ -107,7 +112,7 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 		t.Error("switched on a check that could not complete, want the informer in use kept")
 	}
 
-	forced := newWatch(newInf, f.ctrl.attach, func() (bool, bool) { return true, true }, true, gauge)
+	forced := newWatch(nil, newInf, f.ctrl.attach, func() (bool, bool) { return true, true }, true, gauge)
 	fctx, fcancel := context.WithCancel(ctx)
 	fdone := make(chan struct{})
 	go func() { defer close(fdone); forced.Run(fctx) }()
@@ -117,4 +122,132 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	}
 	fcancel()
 	<-fdone
+}
+
+// A watch over several namespaces runs one informer each: a key is read
+// from its namespace's informer, List holds the objects of every watched
+// namespace, a namespace not watched is neither listed nor read, and
+// after a switch (full to narrowed) each namespace still has its informer.
+func TestWatchSeveralNamespaces(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := newClient(t, newUUIDObject("a", "one", "1"), newUUIDObject("b", "two", "2"), newUUIDObject("c", "three", "3"))
+	var mu sync.Mutex
+	listed := map[string]int{}
+	client.PrependReactor("list", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		listed[a.GetNamespace()]++
+		return false, nil, nil
+	})
+	var narrowed atomic.Bool
+	w, _ := runWatchOver(t, ctx, client, []string{"a", "b"}, func() (bool, bool) { return narrowed.Load(), true })
+	check := func(when string) {
+		t.Helper()
+		if err := framework.PollTrue(ctx, 10*time.Second, "the informers to sync", w.HasSynced); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		for key, want := range map[string]bool{"a/one": true, "b/two": true, "c/three": false} {
+			if _, exists, err := w.GetByKey(key); err != nil || exists != want {
+				t.Errorf("%s: GetByKey(%s) exists %v (%v), want %v", when, key, exists, err, want)
+			}
+		}
+		if n := len(w.List()); n != 2 {
+			t.Errorf("%s: List holds %d objects, want the 2 of namespaces a and b", when, n)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if listed["a"] == 0 || listed["b"] == 0 || listed["c"] != 0 || listed[""] != 0 {
+			t.Errorf("%s: lists by namespace %v, want a and b only, each on its own", when, listed)
+		}
+	}
+	check("full")
+	narrowed.Store(true)
+	w.Poke()
+	if err := framework.PollTrue(ctx, 10*time.Second, "the switch to the narrowed informers", w.Narrowed); err != nil {
+		t.Fatal(err)
+	}
+	check("narrowed")
+}
+
+// A namespace whose list is refused as Forbidden (a scoped install not yet
+// granted there) does not hold back the others: the workers may start
+// (Servable) once the rest have synced, while HasSynced, /readyz's check,
+// stays false; once the namespace is granted its informer syncs and its
+// objects are read, without a restart.
+func TestWatchServesWhileOneNamespaceForbidden(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := newClient(t, newUUIDObject("a", "one", "1"), newUUIDObject("b", "two", "2"))
+	var granted atomic.Bool
+	client.PrependReactor("list", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetNamespace() == "b" && !granted.Load() {
+			return true, nil, apierrors.NewForbidden(uuidGVR.GroupResource(), "", errors.New("no Role in b"))
+		}
+		return false, nil, nil
+	})
+	client.PrependWatchReactor("uuid", func(a k8stesting.Action) (bool, apiwatch.Interface, error) {
+		if a.GetNamespace() == "b" && !granted.Load() {
+			return true, nil, apierrors.NewForbidden(uuidGVR.GroupResource(), "", errors.New("no Role in b"))
+		}
+		return false, nil, nil
+	})
+	w, f := runWatchOver(t, ctx, client, []string{"a", "b"}, func() (bool, bool) { return false, true })
+
+	if err := framework.PollTrue(ctx, 10*time.Second, "the workers to be allowed to start while b is Forbidden", f.ctrl.synced); err != nil {
+		t.Fatalf("the controller's workers never may start while b is Forbidden: %v", err)
+	}
+	if w.HasSynced() {
+		t.Errorf("HasSynced (/readyz's informer check) is true while b's informer has not synced")
+	}
+	if _, exists, err := w.GetByKey("a/one"); err != nil || !exists {
+		t.Errorf("GetByKey(a/one) exists %v (%v) while b is Forbidden, want true", exists, err)
+	}
+
+	granted.Store(true)
+	if err := framework.PollTrue(ctx, 20*time.Second, "b's informer to sync", w.HasSynced); err != nil {
+		t.Fatalf("b's informer never synced once granted: %v", err)
+	}
+	if _, exists, err := w.GetByKey("b/two"); err != nil || !exists {
+		t.Errorf("GetByKey(b/two) exists %v (%v) once b is granted, want true", exists, err)
+	}
+}
+
+// runWatchOver runs a watch over namespaces, fed by client and following
+// modes, for a fixture's controller, until the test ends.
+func runWatchOver(t *testing.T, ctx context.Context, client *dynamicfake.FakeDynamicClient, namespaces []string, modes watchModes) (*watch, *fixture) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	newInf := func(ns string, n bool) informers.GenericInformer { return newInformer(client, ns, 0, n) }
+	f := newFixtureWithClient(t, client, Options{})
+	w := newWatch(namespaces, newInf, f.ctrl.attach, modes, false, prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"}))
+	f.ctrl.useWatch(w, namespaces)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	w.Poke()
+	return w, f
+}
+
+// The one informer over all namespaces is never skipped: refused as
+// Forbidden, it holds the workers back as before, since there is nothing
+// else to serve.
+func TestWatchAllNamespacesForbiddenWaits(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := newClient(t, newUUIDObject("a", "one", "1"))
+	client.PrependReactor("list", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(uuidGVR.GroupResource(), "", errors.New("no ClusterRole"))
+	})
+	w, f := runWatchOver(t, ctx, client, nil, func() (bool, bool) { return false, true })
+	if err := framework.PollTrue(ctx, 10*time.Second, "the refused list to be recorded", func() bool {
+		cur := w.cur.Load()
+		if cur == nil {
+			return false
+		}
+		forbidden, _ := cur.forbidden.Load(metav1.NamespaceAll)
+		return forbidden == true
+	}); err != nil {
+		t.Fatalf("the refused list was never recorded: %v", err)
+	}
+	if f.ctrl.synced() || w.HasSynced() {
+		t.Errorf("Servable %v, HasSynced %v with the only informer refused, want both false", f.ctrl.synced(), w.HasSynced())
+	}
 }

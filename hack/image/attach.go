@@ -201,6 +201,12 @@ func sign(d name.Digest, signer signature.Signer, opts []remote.Option) error {
 	if err != nil {
 		return err
 	}
+	return writeSignature(d, payload, signer, opts)
+}
+
+// writeSignature signs payload and writes it, as cosign lays out a
+// signature, to signatureTag(d).
+func writeSignature(d name.Digest, payload []byte, signer signature.Signer, opts []remote.Option) error {
 	sig, err := signer.SignMessage(bytes.NewReader(payload), sigopts.WithContext(context.Background()))
 	if err != nil {
 		return err
@@ -307,6 +313,25 @@ func signCmd(ctx context.Context, ref, caFile, key string) (string, error) {
 	return signatureTag(d).String(), nil
 }
 
+// resolveDigest resolves ref (a tag, or a manifest by digest) to the
+// manifest it names now, by digest, and returns it with the options that
+// reach its registry.
+func resolveDigest(ctx context.Context, ref, caFile string) (name.Digest, []remote.Option, error) {
+	opts, err := remoteOptions(ctx, caFile)
+	if err != nil {
+		return name.Digest{}, nil, err
+	}
+	r, err := name.ParseReference(ref, name.WeakValidation)
+	if err != nil {
+		return name.Digest{}, nil, fmt.Errorf("image reference %q: %w", ref, err)
+	}
+	desc, err := remote.Head(r, opts...)
+	if err != nil {
+		return name.Digest{}, nil, registryError("resolving "+ref, r.Context().RegistryStr(), err)
+	}
+	return r.Context().Digest(desc.Digest.String()), opts, nil
+}
+
 // fetchAttestations reads what refers to ref (an index by digest, or a tag,
 // resolved first): the SBOM and the provenance push attached, through the
 // referrers API or its tag fallback. With pubKey (PEM) the provenance's
@@ -314,19 +339,10 @@ func signCmd(ctx context.Context, ref, caFile, key string) (string, error) {
 // provenance.json (the in-toto statement) into dir and returns the index
 // by digest.
 func fetchAttestations(ctx context.Context, ref, caFile, pubKey, dir string) (string, error) {
-	opts, err := remoteOptions(ctx, caFile)
+	d, opts, err := resolveDigest(ctx, ref, caFile)
 	if err != nil {
 		return "", err
 	}
-	r, err := name.ParseReference(ref, name.WeakValidation)
-	if err != nil {
-		return "", fmt.Errorf("image reference %q: %w", ref, err)
-	}
-	desc, err := remote.Head(r, opts...)
-	if err != nil {
-		return "", registryError("resolving "+ref, r.Context().RegistryStr(), err)
-	}
-	d := r.Context().Digest(desc.Digest.String())
 	idx, err := remote.Referrers(d, opts...)
 	if err != nil {
 		return "", registryError("listing what refers to "+d.String(), d.RegistryStr(), err)

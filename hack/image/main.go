@@ -10,6 +10,7 @@
 //	go run . digest registry.example/uuid-controller:v0.1.0
 //	go run . sign -key cosign.key registry.example/charts/uuid-controller@sha256:...
 //	go run . attestations -pub cosign.pub -o DIR registry.example/uuid-controller@sha256:...
+//	go run . verify -pub cosign.pub registry.example/uuid-controller:v0.1.0
 //
 // build packs an OCI image index with one image per platform, as the final
 // stage of a Dockerfile describes it. The Dockerfile is the one source of
@@ -29,7 +30,9 @@
 // sign signs any manifest by digest (the chart `helm push` uploaded) as
 // cosign does and prints the signature's tag; attestations reads back the
 // SBOM and the provenance that refer to an index, checks the provenance's
-// signature, and writes both to files.
+// signature, and writes both to files; verify checks an image's or a chart's
+// signature (the one sign or push wrote) against a public key, offline, and
+// prints what it verified by digest.
 package main
 
 import (
@@ -45,17 +48,17 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: image build|push|digest|sign|attestations [flags]")
+		fmt.Fprintln(os.Stderr, "usage: image build|push|digest|sign|attestations|verify [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "build":
 		err = buildCmd(args)
-	case "push", "digest", "sign", "attestations":
+	case "push", "digest", "sign", "attestations", "verify":
 		err = registryCmd(cmd, args)
 	default:
-		err = fmt.Errorf("unknown command %q: want build, push, digest, sign or attestations", cmd)
+		err = fmt.Errorf("unknown command %q: want build, push, digest, sign, attestations or verify", cmd)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -133,7 +136,7 @@ func registryCmd(cmd string, args []string) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	ca := fs.String("ca", "", "a PEM CA certificate to trust besides the system's (a registry with a private CA)")
 	var att attachments
-	pub := fs.String("pub", "", "attestations: the PEM public key the provenance's signature must check against")
+	pub := fs.String("pub", "", "attestations: the PEM public key the provenance's signature must check against; verify: the key the signature must check against")
 	outDir := fs.String("o", ".", "attestations: the folder to write sbom.cdx.json and provenance.json to")
 	fs.StringVar(&att.sbom, "sbom", "", "push: attach this SBOM (build -sbom) to the index as an OCI 1.1 referrer")
 	fs.StringVar(&att.provenance, "provenance", "", "push: attach this provenance (build -provenance) to the index as an OCI 1.1 referrer, signed with -key")
@@ -152,6 +155,8 @@ func registryCmd(cmd string, args []string) error {
 	switch cmd {
 	case "sign":
 		ref, err = signCmd(ctx, fs.Arg(0), *ca, att.key)
+	case "verify":
+		ref, err = verifyCmd(ctx, fs.Arg(0), *ca, *pub)
 	case "attestations":
 		ref, err = fetchAttestations(ctx, fs.Arg(0), *ca, *pub, *outDir)
 	case "push":

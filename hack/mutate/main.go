@@ -28,7 +28,7 @@ func main() {
 		list     = flag.String("list", "hack/mutate/mutations.tsv", "the list, relative to -root")
 		only     = flag.String("only", "", "run only the lines whose id matches this regexp")
 		skip     = flag.String("skip", "", "leave out the lines whose id matches this regexp")
-		scratch  = flag.String("scratch", filepath.Join(os.TempDir(), "uuid-controller-mutate"), "the scratch copy (replaced at start; a fixed path keeps Go's build cache warm)")
+		scratch  = flag.String("scratch", "", "the scratch copy (replaced at start). Default: uuid-controller-mutate-HASH in the temporary directory, HASH naming -root, so the path stays fixed (Go's build cache warm) and two checkouts never share one")
 		check    = flag.Bool("check", false, "only check that every line's text occurs exactly once; run nothing")
 		baseline = flag.Bool("baseline", true, "first run each named test set unbroken: it must pass, or a failure would prove nothing")
 		unitTime = flag.Duration("timeout", 5*time.Minute, "go test -timeout for a line")
@@ -38,6 +38,14 @@ func main() {
 		logDir   = flag.String("log-dir", "", "write each run's output to DIR/ID.log (default: the scratch's parent, uuid-controller-mutate-logs)")
 	)
 	flag.Parse()
+	if *scratch == "" {
+		*scratch = defaultScratch(*root)
+	}
+	unlock, err := lockScratch(*scratch)
+	if err != nil {
+		fatal(err)
+	}
+	defer unlock()
 	r := runner{root: *root, scratch: *scratch, baseline: *baseline, unitTimeout: *unitTime,
 		clusterTimeout: *e2eTime, clusterLock: *lock, nodeLock: *nodeLock, logDir: *logDir}
 	if r.logDir == "" {
@@ -205,6 +213,16 @@ func (r runner) one(m mutation) (verdict, detail string) {
 	}
 }
 
+// buildTags are the go flags a package's tests build with: the node tests
+// (./test/node, needing root) exist only with the tag node, as make
+// node-e2e runs them.
+func buildTags(pkg string) []string {
+	if p := "./" + strings.TrimPrefix(filepath.ToSlash(filepath.Clean(pkg)), "./"); p == "./test/node" || strings.HasPrefix(p, "./test/node/") {
+		return []string{"-tags", "node"}
+	}
+	return nil
+}
+
 // module returns the module root holding dir (relative to the scratch) and
 // dir relative to that root, as a ./ package path.
 func (r runner) module(dir string) (modRoot, pkg string) {
@@ -234,12 +252,12 @@ func (r runner) goEnv(modRoot string) []string {
 // none run).
 func (r runner) goBuild(dir string, test bool) (string, error) {
 	modRoot, pkg := r.module(dir)
-	argv := []string{"build", "-o", os.DevNull, pkg}
+	argv := append([]string{"build", "-o", os.DevNull}, append(buildTags(dir), pkg)...)
 	if test {
 		// -c: compiled, not run (a TestMain may start a cluster).
 		bin := filepath.Join(r.logDir, "build-check.test")
 		defer os.Remove(bin)
-		argv = []string{"test", "-c", "-o", bin, pkg}
+		argv = append([]string{"test", "-c", "-o", bin}, append(buildTags(dir), pkg)...)
 	}
 	cmd := exec.Command("go", argv...)
 	cmd.Dir, cmd.Env = modRoot, r.goEnv(modRoot)
@@ -270,7 +288,8 @@ func (r runner) goTest(m mutation, logName string) (string, outcome) {
 			argv = append(argv, "flock", r.nodeLock)
 		}
 	}
-	argv = append(argv, "go", "test", "-count=1", "-timeout", timeout.String(), "-run", m.Run, pkg)
+	argv = append(argv, "go", "test", "-count=1", "-timeout", timeout.String())
+	argv = append(append(argv, buildTags(m.Pkg)...), "-run", m.Run, pkg)
 	// A last resort well beyond go test's own timeout (which prints the
 	// stacks): the time to compile on a cold, shared machine is not in it.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout+30*time.Minute)

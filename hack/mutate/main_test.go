@@ -95,3 +95,41 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+func TestScratchPerCheckout(t *testing.T) {
+	a, b := defaultScratch("/work/a"), defaultScratch("/work/b")
+	if a == b {
+		t.Errorf("two checkouts share the scratch copy %s", a)
+	}
+	if a != defaultScratch("/work/a") {
+		t.Errorf("the scratch copy of one checkout moved: %s, then %s", a, defaultScratch("/work/a"))
+	}
+}
+
+func TestSecondRunRefused(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "copy")
+	unlock, err := lockScratch(scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockScratch(scratch); err == nil {
+		t.Error("a second run got the scratch copy's lock while the first held it")
+	}
+	unlock()
+	unlock2, err := lockScratch(scratch)
+	if err != nil {
+		t.Fatalf("after the first run let go: %v", err)
+	}
+	unlock2()
+}
+
+// TestBuildTags: the node tests build with -tags node, nothing else does.
+func TestBuildTags(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"./test/node": "-tags node", "test/node": "-tags node", "./test/nodes": "", "./test/e2e": "", "./": "",
+	} {
+		if got := strings.Join(buildTags(pkg), " "); got != want {
+			t.Errorf("buildTags(%q) = %q, want %q", pkg, got, want)
+		}
+	}
+}

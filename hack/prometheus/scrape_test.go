@@ -1,7 +1,12 @@
 package monitoring
 
 import (
+	"cmp"
+	"fmt"
+	"path"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -15,12 +20,14 @@ import (
 // shippedJob is the part of deploy/monitoring/prometheus/scrape-config.yaml's
 // one job this package checks, decoded as Prometheus decodes it.
 type shippedJob struct {
-	JobName string            `yaml:"job_name"`
-	Scheme  string            `yaml:"scheme"`
-	Path    string            `yaml:"metrics_path"`
-	Relabel []*relabel.Config `yaml:"relabel_configs"`
-	SD      []map[string]any  `yaml:"kubernetes_sd_configs"`
-	TLS     map[string]any    `yaml:"tls_config"`
+	JobName  string            `yaml:"job_name"`
+	Scheme   string            `yaml:"scheme"`
+	Path     string            `yaml:"metrics_path"`
+	Interval string            `yaml:"scrape_interval"`
+	Relabel  []*relabel.Config `yaml:"relabel_configs"`
+	SD       []map[string]any  `yaml:"kubernetes_sd_configs"`
+	TLS      map[string]any    `yaml:"tls_config"`
+	Auth     map[string]any    `yaml:"authorization"`
 }
 
 func loadShippedJob(t *testing.T) shippedJob {
@@ -196,5 +203,116 @@ func TestServiceMonitorMatchesScrapeConfig(t *testing.T) {
 	}
 	if ep.TLSConfig == nil || ep.TLSConfig.ServerName == nil || *ep.TLSConfig.ServerName != job.TLS["server_name"] {
 		t.Errorf("ServiceMonitor tlsConfig %+v, want serverName %v as the scrape job", ep.TLSConfig, job.TLS["server_name"])
+	}
+}
+
+// TestServiceMonitorIsTheScrapeJob checks the rest of the two field by
+// field, and that neither has a field this test does not compare, so they
+// cannot drift apart: the interval; the bearer token (the Secret's key is
+// the file name the job reads, as the Secret mounted in a directory gives
+// it); the CA (the same) and that neither skips verification nor sends a
+// client certificate; the discovery (role endpoints, the ServiceMonitor's
+// own namespace); and the relabeling, which for the job must keep what
+// prometheus-operator keeps (the selected Service's port, by name) and add
+// only the pod label, which the operator adds to every target.
+func TestServiceMonitorIsTheScrapeJob(t *testing.T) {
+	job := loadShippedJob(t)
+	var sm monitoringv1.ServiceMonitor
+	strict(t, "servicemonitor.yaml", &sm)
+	if len(sm.Spec.Endpoints) != 1 {
+		t.Fatalf("%d endpoints, want 1", len(sm.Spec.Endpoints))
+	}
+	ep := sm.Spec.Endpoints[0]
+
+	// Only the fields compared below.
+	var raw struct {
+		Spec struct {
+			Raw []map[string]any `json:"endpoints"`
+		} `json:"spec"`
+	}
+	readYAML(t, filepath.Join(monitoringDir, "servicemonitor.yaml"), &raw)
+	onlyKeys(t, "the ServiceMonitor's endpoint", raw.Spec.Raw[0], "port", "scheme", "path", "interval", "authorization", "tlsConfig")
+	onlyKeys(t, "its authorization", raw.Spec.Raw[0]["authorization"], "type", "credentials")
+	onlyKeys(t, "its tlsConfig", raw.Spec.Raw[0]["tlsConfig"], "ca", "serverName")
+	var rawJob struct {
+		ScrapeConfigs []map[string]any `yaml:"scrape_configs"`
+	}
+	if err := yamlv2.Unmarshal(readFile(t, filepath.Join(monitoringDir, "prometheus", "scrape-config.yaml")), &rawJob); err != nil {
+		t.Fatal(err)
+	}
+	onlyKeys(t, "the scrape job", rawJob.ScrapeConfigs[0], "job_name", "scheme", "metrics_path", "scrape_interval",
+		"authorization", "tls_config", "kubernetes_sd_configs", "relabel_configs")
+	onlyKeys(t, "its authorization", job.Auth, "type", "credentials_file")
+	onlyKeys(t, "its tls_config", job.TLS, "ca_file", "server_name")
+
+	if string(ep.Interval) != job.Interval {
+		t.Errorf("ServiceMonitor interval %q, the scrape job's scrape_interval %q", ep.Interval, job.Interval)
+	}
+	// The bearer token.
+	jobType, _ := job.Auth["type"].(string)
+	if a := ep.Authorization; a == nil || !strings.EqualFold(cmp.Or(a.Type, "Bearer"), "Bearer") || !strings.EqualFold(cmp.Or(jobType, "Bearer"), "Bearer") {
+		t.Errorf("authorization: ServiceMonitor %+v, scrape job %v: want Bearer in both", ep.Authorization, job.Auth)
+	} else if file, _ := job.Auth["credentials_file"].(string); a.Credentials == nil || path.Base(file) != a.Credentials.Key {
+		t.Errorf("the ServiceMonitor's token is key %+v of its Secret, the scrape job reads the file %q", a.Credentials, file)
+	}
+	// The CA.
+	caFile, _ := job.TLS["ca_file"].(string)
+	if ep.TLSConfig == nil || ep.TLSConfig.CA.Secret == nil || path.Base(caFile) != ep.TLSConfig.CA.Secret.Key {
+		t.Errorf("the ServiceMonitor's CA %+v, the scrape job reads the file %q", ep.TLSConfig, caFile)
+	}
+	// The discovery: the operator's role endpoints, in the ServiceMonitor's
+	// own namespace (no namespaceSelector).
+	if r := sm.Spec.ServiceDiscoveryRole; r != nil && *r != monitoringv1.EndpointsRole {
+		t.Errorf("ServiceMonitor serviceDiscoveryRole %s, the scrape job's role endpoints", *r)
+	}
+	if ns := sm.Spec.NamespaceSelector; ns.Any || len(ns.MatchNames) > 0 {
+		t.Errorf("ServiceMonitor namespaceSelector %+v, the scrape job only its namespace", ns)
+	}
+	sdNS, _ := job.SD[0]["namespaces"].(map[any]any)
+	if names, _ := sdNS["names"].([]any); len(names) != 1 || names[0] != sm.Namespace {
+		t.Errorf("the scrape job discovers in %v, the ServiceMonitor in its namespace %s", sdNS, sm.Namespace)
+	}
+	// The relabeling: the job keeps the Service's port the ServiceMonitor
+	// names and nothing else of it, then labels the pod.
+	var svc struct{ Metadata struct{ Name string } }
+	readYAML(t, filepath.Join(monitoringDir, "service.yaml"), &svc)
+	if len(job.Relabel) != 2 || job.Relabel[0].Action != relabel.Keep {
+		t.Fatalf("the scrape job's relabel_configs %v, want a keep then the pod label", job.Relabel)
+	}
+	keep := func(service, port string) bool {
+		lb := labels.NewBuilder(labels.FromStrings("__meta_kubernetes_service_name", service, "__meta_kubernetes_endpoint_port_name", port))
+		return relabel.ProcessBuilder(lb, job.Relabel[0])
+	}
+	if !keep(svc.Metadata.Name, ep.Port) || keep(svc.Metadata.Name, ep.Port+"x") || keep(svc.Metadata.Name, "") || keep(svc.Metadata.Name+"x", ep.Port) {
+		t.Errorf("the scrape job's keep %+v does not keep exactly the Service %s's port %s, as the ServiceMonitor does", job.Relabel[0], svc.Metadata.Name, ep.Port)
+	}
+	pod := job.Relabel[1]
+	if pod.Action != relabel.Replace || pod.TargetLabel != "pod" || len(pod.SourceLabels) != 1 || pod.SourceLabels[0] != "__meta_kubernetes_pod_name" {
+		t.Errorf("the scrape job's second relabeling %+v, want the pod label prometheus-operator adds", pod)
+	}
+}
+
+// onlyKeys fails the test when m (a map decoded from YAML or JSON) has a
+// key not in keys.
+func onlyKeys(t *testing.T, what string, m any, keys ...string) {
+	t.Helper()
+	var got []string
+	switch m := m.(type) {
+	case map[string]any:
+		for k := range m {
+			got = append(got, k)
+		}
+	case map[any]any:
+		for k := range m {
+			got = append(got, fmt.Sprint(k))
+		}
+	default:
+		t.Errorf("%s: %T, want a map", what, m)
+		return
+	}
+	for _, k := range got {
+		if !slices.Contains(keys, k) {
+			t.Errorf("%s has %s, which no test compares between the ServiceMonitor and the scrape job", what, k)
+		}
 	}
 }

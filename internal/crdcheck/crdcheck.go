@@ -73,9 +73,9 @@ type Config struct {
 	Samples map[string][]string
 	// Fix is the remedy every problem names.
 	Fix string
-	// Ready is set to 1 while the CRD fits, 0 while it does not or before
-	// the first check.
-	Ready prometheus.Gauge
+	// Metrics is where New registers crd_ready: 1 while the CRD fits, 0
+	// while it does not or before the first check.
+	Metrics prometheus.Registerer
 	// SelectableField is a field path (e.g. "status.uuid") whose presence
 	// among the CRD's selectable fields Selectable reports; "" for none.
 	SelectableField string
@@ -95,6 +95,8 @@ type Checker struct {
 	trigger chan struct{}
 	// publishGrace is the package's; a field so tests can shorten it.
 	publishGrace time.Duration
+	// ready is the crd_ready gauge.
+	ready prometheus.Gauge
 
 	mu       sync.Mutex
 	checked  bool     // a check has completed
@@ -114,11 +116,19 @@ type facts struct {
 	openAPI []byte
 }
 
-// New returns a Checker for cfg; Run starts its checks.
-func New(cfg Config) *Checker {
+// New returns a Checker for cfg, its gauge registered; Run starts its
+// checks.
+func New(cfg Config) (*Checker, error) {
 	k := &Checker{cfg: cfg, trigger: make(chan struct{}, 1), publishGrace: publishGrace}
 	k.fetch = func(ctx context.Context) (facts, error) { return k.fetchFacts(ctx) }
-	return k
+	k.ready = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "crd_ready",
+		Help: "1 while the installed " + cfg.Kind + " CRD has the status subresource and schema the controller needs; 0 while it does not or before the first check.",
+	})
+	if err := cfg.Metrics.Register(k.ready); err != nil {
+		return nil, fmt.Errorf("registering the CRD check's gauge: %w", err)
+	}
+	return k, nil
 }
 
 // openAPIPath is the OpenAPI v3 document of the group version checked.
@@ -205,9 +215,9 @@ func (k *Checker) check(ctx context.Context, onHeal func(context.Context)) {
 	k.mu.Unlock()
 
 	if len(problems) == 0 {
-		k.cfg.Ready.Set(1)
+		k.ready.Set(1)
 	} else {
-		k.cfg.Ready.Set(0)
+		k.ready.Set(0)
 	}
 	switch {
 	case len(problems) > 0 && (!wasChecked || !slices.Equal(problems, was)):

@@ -37,7 +37,7 @@ type testStatus struct {
 // newTestChecker checks the Uuid resource the captures in testdata serve,
 // as the controller does; d may be nil when fetch is replaced.
 func newTestChecker(d discovery.DiscoveryInterfaceWithContext) *Checker {
-	return New(Config{
+	k, err := New(Config{
 		Discovery: d,
 		Resource:  schema.GroupVersionResource{Group: "demo.operator", Version: "v1", Resource: "uuid"},
 		Kind:      "Uuid",
@@ -47,9 +47,13 @@ func newTestChecker(d discovery.DiscoveryInterfaceWithContext) *Checker {
 			"message": {"resource created successfully", strings.Repeat("x", 1024)},
 			"uuid":    {"0b6f2a8e-5d4c-4f3b-9a1e-7c2d8e6f4a10"},
 		},
-		Fix:   "apply the controller's CRD: kubectl apply -f crd.yaml",
-		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crd_ready"}),
+		Fix:     "apply the controller's CRD: kubectl apply -f crd.yaml",
+		Metrics: prometheus.NewRegistry(),
 	})
+	if err != nil {
+		panic(err) // a new registry cannot hold the gauge already
+	}
+	return k
 }
 
 // facts reads a capture from testdata (see testdata/README.md).
@@ -192,7 +196,7 @@ func TestCRDCheckerReportsAndHeals(t *testing.T) {
 	if err := k.Ready(); err == nil || err.Error() != blocked.Error() {
 		t.Errorf("Ready = %v, want %v", err, blocked)
 	}
-	if v := testutil.ToFloat64(k.cfg.Ready); v != 0 {
+	if v := testutil.ToFloat64(k.ready); v != 0 {
 		t.Errorf("crd_ready = %v, want 0", v)
 	}
 
@@ -200,7 +204,7 @@ func TestCRDCheckerReportsAndHeals(t *testing.T) {
 	if k.Ready() != nil || k.Blocked() != nil || heals != 1 {
 		t.Errorf("after the fix: Ready %v, Blocked %v, heals %d; want nil, nil, 1", k.Ready(), k.Blocked(), heals)
 	}
-	if v := testutil.ToFloat64(k.cfg.Ready); v != 1 {
+	if v := testutil.ToFloat64(k.ready); v != 1 {
 		t.Errorf("crd_ready = %v, want 1", v)
 	}
 	k.check(ctx, onHeal)

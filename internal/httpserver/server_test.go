@@ -184,11 +184,18 @@ func TestServeCapsTotal(t *testing.T) {
 			t.Errorf("new client %d with %d connections held: answered after %s, want at once", i+1, MaxConns, d)
 		}
 	}
-	// The three longest idle went, in order; the next ones stay.
-	for i, c := range held[:5] {
-		if got, want := closedByPeer(t, c), i < 3; got != want {
-			t.Errorf("held connection %d: closed %v, want %v", i+1, got, want)
+	// The three longest idle went. Held connections were opened one after
+	// another, but the server marks one idle just after its client has the
+	// answer, so neighbours may swap places: the three are among the first
+	// five, and none after.
+	var closed []int
+	for i, c := range held[:8] {
+		if closedByPeer(t, c) {
+			closed = append(closed, i+1)
 		}
+	}
+	if len(closed) != 3 || closed[2] > 5 {
+		t.Errorf("held connections closed: %v, want three of the five held longest", closed)
 	}
 	if n := logged(t, logs, "to make room"); n < 1 || n > 3 {
 		t.Errorf("%d log lines about closing connections to make room, want 1 to 3 (sampled)", n)
@@ -331,7 +338,7 @@ func TestServeTimeouts(t *testing.T) {
 	// the header timeout itself (net/http falls back to the read timeout
 	// when it is 0).
 	short, long := 200*time.Millisecond, 30*time.Second
-	addr, _ := startServerWith(t, nil, timeouts{readHeader: short, read: long, write: short, idle: short},
+	addr, _ := startServerWith(t, nil, timeouts{readHeader: short, read: long, write: short, idle: short, maxConns: MaxConns},
 		func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" {
 				time.Sleep(time.Second) // a handler slower than the write timeout

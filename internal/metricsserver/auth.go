@@ -100,10 +100,18 @@ const (
 )
 
 // Secure returns h behind delegated authentication and authorization and
-// the TLS config serving it, or h and nil when c.Secure is false. requests
-// counts the requests by result and reason (labels "result", "reason"). The certificate is kept
-// current until ctx is cancelled.
-func Secure(ctx context.Context, c Config, restConfig *rest.Config, requests *prometheus.CounterVec, h http.Handler) (http.Handler, *tls.Config, error) {
+// the TLS config serving it, or h and nil when c.Secure is false. It
+// registers metrics_requests_total on metrics, which counts the requests
+// by result and reason, either way. The certificate is kept current until
+// ctx is cancelled.
+func Secure(ctx context.Context, c Config, restConfig *rest.Config, metrics prometheus.Registerer, h http.Handler) (http.Handler, *tls.Config, error) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "metrics_requests_total",
+		Help: "Requests to the secure /metrics, by result of their authentication and authorization and the reason for it.",
+	}, []string{"result", "reason"})
+	if err := metrics.Register(requests); err != nil {
+		return nil, nil, fmt.Errorf("registering the metrics server's counter: %w", err)
+	}
 	if !c.Secure {
 		klog.FromContext(ctx).Info("Serving /metrics over plain HTTP without authentication (--metrics-secure=false)")
 		return h, nil, nil

@@ -114,6 +114,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	b := &bench{cfg: cfg, log: cfg.Logger}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -186,6 +187,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, err error) {
 			for _, c := range cfg.Concurrency {
 				b.conc = c
 				res, err := b.runN(ctx, n)
+				rep.Took = time.Since(start)
 				if err != nil {
 					return rep, fmt.Errorf("run at N=%d, %d creators, %s watch: %w", n, c, mode, err)
 				}
@@ -240,6 +242,9 @@ func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
 	if err := b.controllerCases(ctx, n, r); err != nil {
 		return nil, err
 	}
+	if r.Servers, err = b.serverMemory(); err != nil {
+		return nil, err
+	}
 	if !b.cfg.Raw {
 		return r, nil
 	}
@@ -252,6 +257,27 @@ func (b *bench) runN(ctx context.Context, n int) (*Result, error) {
 	b.log.Info("done", "n", n, "rawBefore", int(r.RawBefore.PerSecond), "controller", int(r.Burst.PerSecond),
 		"rawAfter", int(r.RawAfter.PerSecond), "ratio", fmt.Sprintf("%.3f", r.Ratio))
 	return r, nil
+}
+
+// serverMemory reads the apiserver's and etcd's memory from /proc.
+func (b *bench) serverMemory() (ServerMemory, error) {
+	etcd, api := b.cluster.PIDs()
+	var m ServerMemory
+	var errs []error
+	for _, f := range []struct {
+		pid   int
+		field string
+		into  *int64
+	}{{api, "VmRSS", &m.APIServerRSS}, {api, "VmHWM", &m.APIServerPeak}, {etcd, "VmRSS", &m.EtcdRSS}, {etcd, "VmHWM", &m.EtcdPeak}} {
+		v, err := cluster.ProcMemory(f.pid, f.field)
+		errs = append(errs, err)
+		*f.into = v
+	}
+	if err := errors.Join(errs...); err != nil {
+		return m, fmt.Errorf("servers' memory: %w", err)
+	}
+	b.log.Info("servers' memory", "apiserverRSS", m.APIServerRSS, "apiserverPeak", m.APIServerPeak, "etcdRSS", m.EtcdRSS, "etcdPeak", m.EtcdPeak)
+	return m, nil
 }
 
 // controllerVersion names the checkout the controller is built from: `git

@@ -23,9 +23,13 @@ func TestBenchSmoke(t *testing.T) {
 		Raw:          true,
 		IdleCount:    5,
 		IdleInterval: 50 * time.Millisecond,
-		Settle:       time.Second,
-		Command:      "TestBenchSmoke",
-		Logger:       benchLogger(slog.LevelWarn),
+		// A preload, then a warm-up that patches status: the CRD must
+		// serve its status subresource again by then.
+		Existing: 10,
+		Warmup:   2 * time.Second,
+		Settle:   time.Second,
+		Command:  "TestBenchSmoke",
+		Logger:   benchLogger(slog.LevelWarn),
 	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -73,7 +77,7 @@ func TestBenchSmoke(t *testing.T) {
 	if r.Burst.PerSecond <= 0 || r.RawBefore.PerSecond <= 0 || r.RawAfter.PerSecond <= 0 || r.Ratio <= 0 {
 		t.Errorf("throughputs not filled in: %+v", r)
 	}
-	if r.Memory.BaselineRSS <= 0 || r.Memory.BurstRSS < r.Memory.BaselineRSS || r.Memory.RestartRSS <= 0 || r.Memory.BurstHeap <= 0 {
+	if r.Memory.BaselineRSS <= 0 || r.Memory.BurstRSS <= 0 || r.Memory.RestartRSS <= 0 || r.Memory.BurstHeap <= 0 {
 		t.Errorf("memory not filled in: %+v", r.Memory)
 	}
 	if r.RestartReady <= 0 || r.RestartCPU <= 0 {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"debug/buildinfo"
 	"fmt"
+	"github.com/demo-operator/uuid-controller/test/framework"
 	"os"
 	"runtime"
 	"strconv"
@@ -45,6 +46,8 @@ type Result struct {
 	// Status writes (absolute) and workqueue adds of the restarted controller.
 	RestartWritesController, RestartWritesAPI, RestartQueued float64
 	Memory                                                   Memory
+	// Servers is the apiserver's and etcd's memory after the case.
+	Servers ServerMemory
 	// Idle is create-to-status latency of objects created one at a time.
 	Idle                 Summary
 	IdleEarly            int
@@ -69,6 +72,12 @@ type Memory struct {
 	LimitFailure               string
 }
 
+// ServerMemory is the apiserver's and etcd's resident set now (VmRSS) and
+// at its peak so far (VmHWM), in bytes.
+type ServerMemory struct {
+	APIServerRSS, APIServerPeak, EtcdRSS, EtcdPeak int64
+}
+
 // Report is a whole run.
 type Report struct {
 	Date                     time.Time
@@ -78,10 +87,11 @@ type Report struct {
 	Server string
 	// Controller is the commit the controller was built from.
 	Controller string
-	// PreloadTook is how long creating the -existing objects took.
-	PreloadTook time.Duration
-	Config      Config
-	Results     []*Result
+	// PreloadTook is how long creating the -existing objects took; Took
+	// the whole run, building and the cluster's start included.
+	PreloadTook, Took time.Duration
+	Config            Config
+	Results           []*Result
 }
 
 func newReport(cfg Config) *Report {
@@ -149,27 +159,27 @@ var rows = []row{
 		if r.Watch != "narrowed" {
 			return notRun
 		}
-		return fmt.Sprintf("%.2f s / %.2f s / %s", r.SweepSeconds, r.SweepCPU, mib(r.SweepPeakRSS))
+		return fmt.Sprintf("%.2f s / %.2f s / %s", r.SweepSeconds, r.SweepCPU, framework.MiB(r.SweepPeakRSS))
 	}},
 	{"Restart: status writes, controller / apiserver", "0", func(r *Result) string {
 		return fmt.Sprintf("%.0f / %.0f", r.RestartWritesController, r.RestartWritesAPI) +
 			mark(r.RestartWritesController == 0 && r.RestartWritesAPI == 0)
 	}},
 	{"Restart: keys queued (workqueue_adds_total)", "", func(r *Result) string { return fmt.Sprintf("%.0f", r.RestartQueued) }},
-	{"Controller peak RSS, synced on an empty namespace (baseline)", "", func(r *Result) string { return mib(r.Memory.BaselineRSS) }},
+	{"Controller peak RSS, synced on an empty namespace (baseline)", "", func(r *Result) string { return framework.MiB(r.Memory.BaselineRSS) }},
 	{"Controller peak RSS after the burst", "< 64 MiB at N = 10,000", func(r *Result) string {
-		return mib(r.Memory.BurstRSS) + markIf(r.N <= 10000, r.Memory.BurstRSS < 64<<20)
+		return framework.MiB(r.Memory.BurstRSS) + markIf(r.N <= 10000, r.Memory.BurstRSS < 64<<20)
 	}},
 	{"Peak RSS over baseline, per object", "flat in N (linear growth)", func(r *Result) string {
 		return perObject(r.Memory.BurstRSS-r.Memory.BaselineRSS, r.N)
 	}},
 	{"Go heap in use after the burst (baseline)", "", func(r *Result) string {
-		return fmt.Sprintf("%s (%s)", mib(r.Memory.BurstHeap), mib(r.Memory.BaselineHeap))
+		return fmt.Sprintf("%s (%s)", framework.MiB(r.Memory.BurstHeap), framework.MiB(r.Memory.BaselineHeap))
 	}},
 	{"Go heap over baseline, per object", "", func(r *Result) string {
 		return perObject(r.Memory.BurstHeap-r.Memory.BaselineHeap, r.N)
 	}},
-	{"Restarted controller peak RSS (N objects cached)", "", func(r *Result) string { return mib(r.Memory.RestartRSS) }},
+	{"Restarted controller peak RSS (N objects cached)", "", func(r *Result) string { return framework.MiB(r.Memory.RestartRSS) }},
 	{"Restarted controller peak RSS over baseline, per cached object", "≤ 512 B at N ≥ 100,000", func(r *Result) string {
 		per := float64(r.Memory.RestartRSS-r.Memory.BaselineRSS) / float64(r.N)
 		return perObject(r.Memory.RestartRSS-r.Memory.BaselineRSS, r.N) + markIf(r.N >= 100000, per <= 512)
@@ -180,11 +190,17 @@ var rows = []row{
 			return notRun
 		}
 		held := m.LimitFailure == "" && m.OOMKills == 0
-		out := fmt.Sprintf("%s / %s / %s / %d", mib(m.Limit), dur(m.LimitReady), mib(m.LimitPeak), m.OOMKills)
+		out := fmt.Sprintf("%s / %s / %s / %d", framework.MiB(m.Limit), dur(m.LimitReady), framework.MiB(m.LimitPeak), m.OOMKills)
 		if m.LimitFailure != "" {
 			out += " (" + m.LimitFailure + ")"
 		}
 		return out + mark(held)
+	}},
+	{"kube-apiserver RSS after the case (peak so far)", "", func(r *Result) string {
+		return fmt.Sprintf("%s (%s)", framework.MiB(r.Servers.APIServerRSS), framework.MiB(r.Servers.APIServerPeak))
+	}},
+	{"etcd RSS after the case (peak so far)", "", func(r *Result) string {
+		return fmt.Sprintf("%s (%s)", framework.MiB(r.Servers.EtcdRSS), framework.MiB(r.Servers.EtcdPeak))
 	}},
 	{"Idle create-to-status p50 / p99 / max (next to N objects)", "p99 < 50 ms", func(r *Result) string {
 		return pcts(r.Idle, true) + mark(r.Idle.P99 < 50*time.Millisecond)
@@ -214,6 +230,9 @@ func (rep *Report) Markdown() string {
 	}
 	if c.Command != "" {
 		fmt.Fprintf(&b, "Command: `%s`  \n", c.Command)
+	}
+	if rep.Took > 0 {
+		fmt.Fprintf(&b, "Run took: %s, from building the controller to the last case  \n", dur(rep.Took))
 	}
 	ctrlArgs := "defaults"
 	if len(c.ControllerArgs) > 0 {
@@ -295,10 +314,6 @@ func dur(d time.Duration) string {
 		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("%.2f s", d.Seconds())
-}
-
-func mib(b int64) string {
-	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
 
 func perObject(b int64, n int) string {

@@ -42,6 +42,7 @@ func TestMarkdownMarksGoals(t *testing.T) {
 		Memory:               Memory{BaselineRSS: 20 << 20, BurstRSS: 70 << 20},
 		Idle:                 Summary{Count: 100, P50: 5 * time.Millisecond, P99: 20 * time.Millisecond},
 		IdleWritesController: 1,
+		Servers:              ServerMemory{APIServerRSS: 300 << 20, APIServerPeak: 400 << 20, EtcdRSS: 50 << 20, EtcdPeak: 60 << 20},
 	}
 	small := *r
 	small.N = 1000
@@ -55,6 +56,8 @@ func TestMarkdownMarksGoals(t *testing.T) {
 		"Controller peak RSS after the burst":        "70.0 MiB ✗",
 		"Peak RSS over baseline, per object":         "5243 B",
 		"Idle create-to-status p50 / p99 / max":      "5.0 ms / 20.0 ms / 0.0 ms ✓",
+		"kube-apiserver RSS after the case":          "300.0 MiB (400.0 MiB)",
+		"etcd RSS after the case":                    "50.0 MiB (60.0 MiB)",
 	} {
 		label := labelWithPrefix(t, prefix)
 		if got := cellOf(t, md, label); got != want {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -82,7 +83,7 @@ func TestChartKopfMigrationMatchesDeploy(t *testing.T) {
 func deployWithKopfMigration(t *testing.T, ns string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "deploy")
-	if err := os.CopyFS(dir, os.DirFS(filepath.Join(repoRoot(t), "deploy"))); err != nil {
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join(framework.RepoRoot(t), "deploy"))); err != nil {
 		t.Fatal(err)
 	}
 	k := filepath.Join(dir, "kustomization.yaml")
@@ -122,7 +123,7 @@ func TestChartMonitoringMatchesComponent(t *testing.T) {
 // writes it.
 func withComponent(t *testing.T, component string) string {
 	t.Helper()
-	root := repoRoot(t)
+	root := framework.RepoRoot(t)
 	overlay := t.TempDir()
 	rel := func(p string) string {
 		r, err := filepath.Rel(overlay, filepath.Join(root, p))

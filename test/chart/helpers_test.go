@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // chartDir is the chart under test, relative to the repository root.
@@ -29,23 +30,12 @@ var helmLabels = []string{
 	"app.kubernetes.io/version",
 }
 
-// repoRoot is the repository root; the tests run bin/helm and bin/kubectl
-// from there, as a user would.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 // run runs bin/NAME in the repository root with Helm's own directories in
 // a temporary one, so no test reads or writes the user's Helm settings. It
 // returns stdout and stderr apart: Helm warns on stderr.
 func run(t *testing.T, name string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	root := repoRoot(t)
+	root := framework.RepoRoot(t)
 	bin := filepath.Join(root, "bin", name)
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%v: run `make %s` first (make test does)", err, map[string]string{"helm": "helm", "kubectl": "tools"}[name])
@@ -90,7 +80,7 @@ func readObjects(t *testing.T, files ...string) []*unstructured.Unstructured {
 	t.Helper()
 	var objs []*unstructured.Unstructured
 	for _, f := range files {
-		o, err := cluster.ReadObjects(filepath.Join(repoRoot(t), f))
+		o, err := cluster.ReadObjects(filepath.Join(framework.RepoRoot(t), f))
 		if err != nil {
 			t.Fatal(err)
 		}

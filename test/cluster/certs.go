@@ -25,6 +25,13 @@ func WriteServingCert(certFile, keyFile string, ips ...string) (caPEM []byte, er
 	if len(ips) == 0 {
 		ips = []string{"127.0.0.1"}
 	}
+	return WriteServingCertFor(certFile, keyFile, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, ips...)
+}
+
+// WriteServingCertFor is WriteServingCert for the DNS names dnsNames and
+// the addresses ips only, e.g. a Service's name
+// (NAME.NAMESPACE.svc) that a scraper verifies.
+func WriteServingCertFor(certFile, keyFile string, dnsNames []string, ips ...string) (caPEM []byte, err error) {
 	var ipAddrs []net.IP
 	for _, s := range ips {
 		ip := net.ParseIP(s)
@@ -68,7 +75,7 @@ func WriteServingCert(certFile, keyFile string, ips ...string) (caPEM []byte, er
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  ipAddrs,
-		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		DNSNames:     dnsNames,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 	if err != nil {

@@ -68,13 +68,13 @@ func TestCluster(t *testing.T) {
 	})
 
 	// Apply: the namespace and RBAC manifests, then an example object.
-	if err := c.Apply(ctx, filepath.Join(repoRoot(t), "deploy", "namespace.yaml"), filepath.Join(repoRoot(t), "deploy", "rbac.yaml")); err != nil {
+	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "deploy", "namespace.yaml"), filepath.Join(c.repoRoot, "deploy", "rbac.yaml")); err != nil {
 		t.Fatalf("Apply deploy manifests: %v", err)
 	}
-	if err := c.Apply(ctx, filepath.Join(repoRoot(t), "deploy", "rbac.yaml")); err != nil {
+	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "deploy", "rbac.yaml")); err != nil {
 		t.Fatalf("Apply again (update): %v", err)
 	}
-	if err := c.Apply(ctx, filepath.Join(repoRoot(t), "examples", "uuid.yaml")); err != nil {
+	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "examples", "uuid.yaml")); err != nil {
 		t.Fatalf("Apply example: %v", err)
 	}
 
@@ -231,19 +231,13 @@ func TestStartMissingBinaries(t *testing.T) {
 }
 
 func TestRepoRoot(t *testing.T) {
-	root := repoRoot(t)
-	if _, err := os.Stat(filepath.Join(root, "crd.yaml")); err != nil {
-		t.Errorf("repo root %s has no crd.yaml: %v", root, err)
-	}
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
 	root, err := RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return root
+	if _, err := os.Stat(filepath.Join(root, "crd.yaml")); err != nil {
+		t.Errorf("repo root %s has no crd.yaml: %v", root, err)
+	}
 }
 
 // clientFor builds a clientset from a kubeconfig file the cluster wrote.

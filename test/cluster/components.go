@@ -23,9 +23,11 @@ const (
 
 // startControllerManager runs the controllers a Deployment needs
 // (Deployments, ReplicaSets, ServiceAccounts, the kube-root-ca.crt
-// ConfigMap, namespace deletion, the node's taints), as admin. Its
-// --root-ca-file is the CA alone: a bundle with the leaf loops on "does
-// not have the CA bit set".
+// ConfigMap, namespace deletion, the node's taints, the token Secrets of
+// kubernetes.io/service-account-token, which deploy/monitoring/scraper.yaml
+// ships), as admin. Its --root-ca-file is the CA alone: a bundle with the
+// leaf loops on "does not have the CA bit set". The token controller signs
+// with the apiserver's ServiceAccount key.
 func (c *Cluster) startControllerManager(ctx context.Context) error {
 	args := []string{
 		"--kubeconfig", c.adminKC,
@@ -33,6 +35,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		"--bind-address", "127.0.0.1",
 		"--secure-port", "0",
 		"--root-ca-file", filepath.Join(c.dir, "certs", "ca.crt"),
+		"--service-account-private-key-file", filepath.Join(c.dir, "certs", "sa.key"),
 		"--service-cluster-ip-range", ServiceCIDR,
 		"--allocate-node-cidrs=false",
 		"--use-service-account-credentials=false",

@@ -307,11 +307,15 @@ func (p *ControllerProcess) PeakRSS() (int64, error) { return p.memory("VmHWM") 
 // RSS reads the process's resident set size now (VmRSS) from /proc.
 func (p *ControllerProcess) RSS() (int64, error) { return p.memory("VmRSS") }
 
-// memory reads field (in kB) of /proc/PID/status, in bytes.
-func (p *ControllerProcess) memory(field string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+// memory reads field of the controller's /proc/PID/status, in bytes.
+func (p *ControllerProcess) memory(field string) (int64, error) { return ProcMemory(p.PID(), field) }
+
+// ProcMemory reads a memory field (in kB: VmRSS, VmHWM) of /proc/PID/status,
+// in bytes.
+func ProcMemory(pid int, field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, fmt.Errorf("cluster: read controller memory: %w", err)
+		return 0, fmt.Errorf("cluster: read memory of pid %d: %w", pid, err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
@@ -323,7 +327,7 @@ func (p *ControllerProcess) memory(field string) (int64, error) {
 			return kb * 1024, err
 		}
 	}
-	return 0, fmt.Errorf("cluster: no %s in /proc status", field)
+	return 0, fmt.Errorf("cluster: no %s in /proc/%d/status", field, pid)
 }
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a child's

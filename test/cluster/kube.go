@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -354,4 +355,15 @@ func (c *Cluster) ServiceAccountToken(ctx context.Context, namespace, name strin
 		return "", fmt.Errorf("cluster: token for serviceaccount %s/%s: %w", namespace, name, err)
 	}
 	return tr.Status.Token, nil
+}
+
+// Kubectl runs bin/kubectl as the admin, in the repo root (so relative
+// paths name the repo's files, as in a user's checkout), and returns its
+// combined output and its error (an *exec.ExitError for a non-zero exit).
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, KubectlBinary), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.adminKC)
+	cmd.Dir = c.repoRoot
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"context"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -75,4 +76,16 @@ func StatusWrites(metricsText string) (float64, error) {
 			l["dry_run"] == "" &&
 			statusWriteVerbs[l["verb"]]
 	})
+}
+
+// APIStatusWrites is the apiserver's count of status writes to Uuid objects
+// so far (StatusWrites on its /metrics). The apiserver counts a request as
+// its handler returns, which can trail the response: a caller that wants a
+// final count reads it until it stops moving.
+func (c *Cluster) APIStatusWrites(ctx context.Context) (float64, error) {
+	text, err := c.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return StatusWrites(text)
 }

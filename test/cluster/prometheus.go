@@ -13,7 +13,28 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 )
+
+// ShippedScrapeJob reads a scrape config file holding one job
+// (deploy/monitoring/prometheus/scrape-config.yaml) and returns that job,
+// for a test to change only what it must before running it.
+func ShippedScrapeJob(path string) (map[string]any, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var shipped struct {
+		ScrapeConfigs []map[string]any `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(raw, &shipped); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(shipped.ScrapeConfigs) != 1 {
+		return nil, fmt.Errorf("%s: %d jobs, want 1", path, len(shipped.ScrapeConfigs))
+	}
+	return shipped.ScrapeConfigs[0], nil
+}
 
 // PrometheusBinary is Prometheus's server in the binary directory, built
 // by `make prometheus` from hack/prometheus.

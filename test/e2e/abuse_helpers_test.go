@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -142,6 +141,3 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
-
-// mib formats a byte count in MiB.
-func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

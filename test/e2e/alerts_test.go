@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // The shipped monitoring files, loaded as they are (alertRules scales the
@@ -81,22 +82,15 @@ func scaledRules(t *testing.T) []byte {
 }
 
 // prometheusConfig is the shipped scrape job with its discovery replaced by
-// targets and its file paths by the test's token and CA, and the scaled
-// rules. The certificate the test writes is for localhost, not the
+// targets, its interval by the test's and its file paths by the test's
+// token and CA, and the scaled rules. The certificate the test writes is for localhost, not the
 // Service's name.
 func prometheusConfig(t *testing.T, dir string, targets []string, token string, caPEM []byte) []byte {
 	t.Helper()
-	raw, err := os.ReadFile(shippedScrapeConfig)
+	job, err := cluster.ShippedScrapeJob(shippedScrapeConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var shipped struct {
-		ScrapeConfigs []map[string]any `json:"scrape_configs"`
-	}
-	if err := yaml.Unmarshal(raw, &shipped); err != nil || len(shipped.ScrapeConfigs) != 1 {
-		t.Fatalf("%s: %v, %d jobs", shippedScrapeConfig, err, len(shipped.ScrapeConfigs))
-	}
-	job := shipped.ScrapeConfigs[0]
 	files := map[string][]byte{"token": []byte(token), "ca.crt": caPEM, "rules.yaml": scaledRules(t)}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
@@ -105,6 +99,7 @@ func prometheusConfig(t *testing.T, dir string, targets []string, token string, 
 	}
 	delete(job, "kubernetes_sd_configs")
 	delete(job, "relabel_configs")
+	delete(job, "scrape_interval") // the global one below, scaled
 	job["static_configs"] = []any{map[string]any{"targets": targets}}
 	job["authorization"].(map[string]any)["credentials_file"] = filepath.Join(dir, "token")
 	tlsConfig := job["tls_config"].(map[string]any)
@@ -138,7 +133,7 @@ type monitored struct {
 
 func newMonitored(ctx context.Context, t *testing.T) *monitored {
 	t.Helper()
-	m := &monitored{ns: newNamespace(ctx, t)}
+	m := &monitored{ns: env.fw.NewNamespace(ctx, t)}
 	m.token, _ = metricsTokens(ctx, t, m.ns)
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
@@ -161,7 +156,7 @@ func (m *monitored) launch(ctx context.Context, t *testing.T, args ...string) *c
 func (m *monitored) launchVia(ctx context.Context, t *testing.T, kubeconfig string, args ...string) *cluster.ControllerProcess {
 	t.Helper()
 	auth := cluster.MetricsAuth{Token: m.token, CA: m.caPEM}
-	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, MetricsAuth: &auth},
+	return framework.LaunchController(ctx, t, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: kubeconfig, MetricsAuth: &auth},
 		m.ns, append(slices.Clone(m.certArgs), args...)...)
 }
 
@@ -378,7 +373,7 @@ func TestAlertsQuietWhenHealthy(t *testing.T) {
 	waitLeader(ctx, t, 30*time.Second, a, b)
 	prom := m.startPrometheus(ctx, t, a, b)
 	const n = 20
-	waitUUIDs(ctx, t, m.ns, createUuids(ctx, t, m.ns, "healthy", n), time.Minute)
+	env.fw.WaitUUIDs(ctx, t, m.ns, env.fw.CreateUuids(ctx, t, m.ns, "healthy", n), time.Minute)
 
 	// The scraped histogram counts every assignment.
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -433,7 +428,7 @@ func TestAlertCRDNotReady(t *testing.T) {
 	ctx := testCtx(t)
 	m := newMonitored(ctx, t)
 	useArticleCRD(ctx, t)
-	createUuids(ctx, t, m.ns, "waiting", 2)
+	env.fw.CreateUuids(ctx, t, m.ns, "waiting", 2)
 	p := m.launch(ctx, t)
 	prom := m.startPrometheus(ctx, t, p)
 	a, body := waitFiring(ctx, t, prom, "UuidControllerCRDNotReady", nil, 2*time.Minute)
@@ -453,7 +448,7 @@ func TestAlertAssignmentsFailing(t *testing.T) {
 	// A second namespace and controller, with the same token and
 	// certificate: one Prometheus job scrapes both.
 	rejected := *retried
-	rejected.ns = newNamespace(ctx, t)
+	rejected.ns = env.fw.NewNamespace(ctx, t)
 	for _, c := range []struct {
 		m      *monitored
 		reason metav1.StatusReason
@@ -469,8 +464,8 @@ func TestAlertAssignmentsFailing(t *testing.T) {
 	prom := retried.startPrometheus(ctx, t, p1, p2)
 	// Objects come once Prometheus scrapes: a counter that is already 1
 	// at its first scrape shows no increase.
-	createUuids(ctx, t, retried.ns, "denied", 2)
-	createUuids(ctx, t, rejected.ns, "denied", 2)
+	env.fw.CreateUuids(ctx, t, retried.ns, "denied", 2)
+	env.fw.CreateUuids(ctx, t, rejected.ns, "denied", 2)
 	_, body := waitFiring(ctx, t, prom, "UuidControllerAssignmentsFailing",
 		map[string]string{"reason": string(metav1.StatusReasonForbidden)}, 2*time.Minute)
 	t.Logf("/api/v1/alerts: %s", body)
@@ -511,7 +506,7 @@ func TestAlertQueueBackingUp(t *testing.T) {
 		return u.Host
 	}
 	prom := m.startPrometheus(ctx, t, a, b)
-	createUuids(ctx, t, m.ns, "backlog", 300)
+	env.fw.CreateUuids(ctx, t, m.ns, "backlog", 300)
 	fired, body := waitFiring(ctx, t, prom, "UuidControllerQueueBackingUp", map[string]string{"instance": instance(leader)}, 2*time.Minute)
 	t.Logf("/api/v1/alerts: %s", body)
 	if v := alertValue(t, fired); v <= 100 {
@@ -575,12 +570,12 @@ func TestAlertKopfFinalizerStuck(t *testing.T) {
 	createBare(ctx, t, m.ns, "held", kopfFinalizer)
 	t.Cleanup(func() {
 		// Let the deletion finish, so the namespace holds nothing stuck.
-		_, _ = uuids(m.ns).Patch(context.Background(), "held", types.MergePatchType,
+		_, _ = env.fw.Uuids(m.ns).Patch(context.Background(), "held", types.MergePatchType,
 			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	})
 	p := m.launch(ctx, t)
-	waitUUIDs(ctx, t, m.ns, []string{"held"}, time.Minute)
-	if err := uuids(m.ns).Delete(ctx, "held", metav1.DeleteOptions{}); err != nil {
+	env.fw.WaitUUIDs(ctx, t, m.ns, []string{"held"}, time.Minute)
+	if err := env.fw.Uuids(m.ns).Delete(ctx, "held", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if u := object(ctx, t, m.ns, "held"); u == nil || u.GetDeletionTimestamp() == nil {
@@ -646,7 +641,7 @@ func TestMetricsListedInDocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = remove(context.Background()) })
-	createUuids(ctx, t, m.ns, "denied", 1)
+	env.fw.CreateUuids(ctx, t, m.ns, "denied", 1)
 	p := m.launch(ctx, t)
 	// patch_failures_total has no series before the first failure.
 	var text string

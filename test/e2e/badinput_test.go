@@ -20,10 +20,10 @@ import (
 // object keeps its UUID.
 func TestSchemaRejectsBadStatus(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns)
-	names := createUuids(ctx, t, ns, "guarded", 1)
-	want := waitUUIDs(ctx, t, ns, names, 30*time.Second)[names[0]]
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	names := env.fw.CreateUuids(ctx, t, ns, "guarded", 1)
+	want := env.fw.WaitUUIDs(ctx, t, ns, names, 30*time.Second)[names[0]]
 
 	for _, tc := range []struct {
 		name, patch string
@@ -49,13 +49,13 @@ func TestSchemaRejectsBadStatus(t *testing.T) {
 			}
 		})
 	}
-	if _, id := status(ctx, t, ns, names[0]); id != want {
+	if _, id := env.fw.Status(ctx, t, ns, names[0]); id != want {
 		t.Errorf("UUID after rejected patches = %q, want %q", id, want)
 	}
 
 	bad := framework.NewUuid("bad-spec")
 	bad.Object["spec"] = "not an object"
-	if _, err := uuids(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec") {
+	if _, err := env.fw.Uuids(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec") {
 		t.Errorf("create with a string spec: err = %v, want 422 Invalid naming spec", err)
 	}
 	mustStayRunning(t, p)
@@ -66,16 +66,16 @@ func TestSchemaRejectsBadStatus(t *testing.T) {
 // UUID.
 func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns)
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 
 	const forged = "00000000-0000-4000-8000-000000000000"
 	obj := framework.NewUuid("forged")
 	obj.Object["status"] = map[string]any{"state": "Ok", "uuid": forged}
-	if _, err := uuids(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+	if _, err := env.fw.Uuids(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ids := waitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
+	ids := env.fw.WaitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
 	if ids["forged"] == forged {
 		t.Error("a status sent with the create was kept; the status subresource should drop it")
 	}
@@ -85,11 +85,11 @@ func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 		if err := patchStatus(ctx, ns, "forged", clear); err != nil {
 			t.Fatalf("clear status with %s: %v", clear, err)
 		}
-		ids = waitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
+		ids = env.fw.WaitUUIDs(ctx, t, ns, []string{"forged"}, 30*time.Second)
 		if ids["forged"] == old {
 			t.Errorf("after %s the UUID is still %s; want a new one", clear, old)
 		}
-		u, err := uuids(ns).Get(ctx, "forged", metav1.GetOptions{})
+		u, err := env.fw.Uuids(ns).Get(ctx, "forged", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,24 +106,24 @@ func TestUserCannotForgeOrKeepBadStatus(t *testing.T) {
 // stays up.
 func TestUnusualObjects(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	// Deleted before the controller starts, so it first sees the object
 	// already terminating: still there behind its finalizer, with no UUID,
 	// and a status write still allowed.
 	terminating := framework.NewUuid("terminating")
 	terminating.SetFinalizers([]string{"example.com/hold"})
-	if _, err := uuids(ns).Create(ctx, terminating, metav1.CreateOptions{}); err != nil {
+	if _, err := env.fw.Uuids(ns).Create(ctx, terminating, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = uuids(ns).Patch(ctx, "terminating", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_, _ = env.fw.Uuids(ns).Patch(ctx, "terminating", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	})
-	if err := uuids(ns).Delete(ctx, "terminating", metav1.DeleteOptions{}); err != nil {
+	if err := env.fw.Uuids(ns).Delete(ctx, "terminating", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := startController(ctx, t, ns)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 
 	long := strings.Repeat("a", 253) // a DNS subdomain's maximum
 	big := framework.NewUuid("big-spec")
@@ -135,12 +135,12 @@ func TestUnusualObjects(t *testing.T) {
 	}
 	labelled.SetLabels(labels)
 	for _, u := range []*unstructured.Unstructured{framework.NewUuid(long), big, labelled} {
-		if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create %.40s...: %v", u.GetName(), err)
 		}
 	}
-	waitUUIDs(ctx, t, ns, []string{long, "big-spec", "many-labels", "terminating"}, 30*time.Second)
-	u, err := uuids(ns).Get(ctx, "terminating", metav1.GetOptions{})
+	env.fw.WaitUUIDs(ctx, t, ns, []string{long, "big-spec", "many-labels", "terminating"}, 30*time.Second)
+	u, err := env.fw.Uuids(ns).Get(ctx, "terminating", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -152,18 +153,18 @@ const (
 // The recovery time is printed.
 func TestBlackholedConnection(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	proxy := newBlackholeProxy(t)
-	history := watchUUIDs(ctx, t, ns)
-	p := startControllerAs(ctx, t, proxy.kubeconfig(t), ns)
-	before := waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "before", 5), 30*time.Second)
+	history := env.fw.WatchUUIDs(ctx, t, ns)
+	p := framework.StartController(ctx, t, controllerAs(proxy.kubeconfig(t)), ns)
+	before := env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "before", 5), 30*time.Second)
 	dialsBefore := proxy.accepted.Load()
 
 	start := time.Now()
 	proxy.Blackhole()
-	during := createUuids(ctx, t, ns, "during", 5)
+	during := env.fw.CreateUuids(ctx, t, ns, "during", 5)
 	bound := defaultReadIdleTimeout + defaultPingTimeout + reconnectAllowance
-	ids := waitUUIDs(ctx, t, ns, during, bound)
+	ids := env.fw.WaitUUIDs(ctx, t, ns, during, bound)
 	recovery := time.Since(start)
 	t.Logf("blackhole recovery: objects created as the connection went silent got their UUIDs %s later (%d new connections)",
 		recovery.Round(100*time.Millisecond), proxy.accepted.Load()-dialsBefore)
@@ -175,5 +176,5 @@ func TestBlackholedConnection(t *testing.T) {
 	for n, id := range before {
 		ids[n] = id
 	}
-	history.checkOnce(ctx, t, ids)
+	history.CheckOnce(ctx, t, ids)
 }

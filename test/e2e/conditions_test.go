@@ -24,8 +24,8 @@ import (
 // the conditions come in the one status write per object.
 func TestReadyCondition(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	createUuids(ctx, t, ns, "early", 1)
+	ns := env.fw.NewNamespace(ctx, t)
+	env.fw.CreateUuids(ctx, t, ns, "early", 1)
 	// No controller runs yet: nothing can have been assigned.
 	conds := conditionsOf(ctx, t, ns, "early-0")
 	if !meta.IsStatusConditionPresentAndEqual(conds, "Ready", metav1.ConditionUnknown) ||
@@ -34,8 +34,8 @@ func TestReadyCondition(t *testing.T) {
 	}
 	mustNotBeReady(t, ns, "early-0", 2*time.Second)
 
-	startController(ctx, t, ns)
-	names := append([]string{"early-0"}, createUuids(ctx, t, ns, "new", 1)...)
+	framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	names := append([]string{"early-0"}, env.fw.CreateUuids(ctx, t, ns, "new", 1)...)
 	for _, name := range names {
 		if out, err := kubectlWaitReady(ns, name, 10*time.Second); err != nil {
 			t.Fatalf("kubectl wait for %s: %v\n%s", name, err, out)
@@ -67,14 +67,14 @@ func TestConditionsOnFailure(t *testing.T) {
 		}
 		t.Run(d.Name, func(t *testing.T) {
 			ctx := testCtx(t)
-			ns := newNamespace(ctx, t)
+			ns := env.fw.NewNamespace(ctx, t)
 			remove, err := env.cluster.RejectUUIDWrites(ctx, ns, ns, d.Reason)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = remove(context.WithoutCancel(ctx)) })
-			name := createUuids(ctx, t, ns, "failing", 1)[0]
-			p := startController(ctx, t, ns, "--error-after", "3", "--max-retry-delay", "1s")
+			name := env.fw.CreateUuids(ctx, t, ns, "failing", 1)[0]
+			p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, "--error-after", "3", "--max-retry-delay", "1s")
 
 			conds := waitCondition(ctx, t, ns, name, "Ready", metav1.ConditionFalse)
 			ready := meta.FindStatusCondition(conds, "Ready")
@@ -85,7 +85,7 @@ func TestConditionsOnFailure(t *testing.T) {
 			if len(conds) != 2 || abnormalCond == nil || abnormalCond.Status != metav1.ConditionTrue || abnormalCond.Reason != abnormalReason {
 				t.Errorf("conditions = %+v, want Ready=False and %s=True, reason %s", conds, abnormal, abnormalReason)
 			}
-			if state, id := status(ctx, t, ns, name); state != "Error" || id != "" {
+			if state, id := env.fw.Status(ctx, t, ns, name); state != "Error" || id != "" {
 				t.Errorf("state %q, uuid %q; want Error and none", state, id)
 			}
 			mustNotBeReady(t, ns, name, 10*time.Second)
@@ -114,7 +114,7 @@ func TestConditionsOnFailure(t *testing.T) {
 // kubectlWaitReady runs `kubectl wait --for=condition=Ready uuid/NAME`,
 // as a user would, and returns its output and exit error.
 func kubectlWaitReady(ns, name string, timeout time.Duration) (string, error) {
-	return kubectlResult("wait", "--for=condition=Ready", "uuid/"+name, "-n", ns, "--timeout="+timeout.String())
+	return env.cluster.Kubectl(context.Background(), "wait", "--for=condition=Ready", "uuid/"+name, "-n", ns, "--timeout="+timeout.String())
 }
 
 // mustNotBeReady fails the test unless kubectl wait for Ready on ns/name
@@ -130,7 +130,7 @@ func mustNotBeReady(t *testing.T, ns, name string, timeout time.Duration) {
 
 func get(ctx context.Context, t *testing.T, ns, name string) *unstructured.Unstructured {
 	t.Helper()
-	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := env.fw.Uuids(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get %s/%s: %v", ns, name, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestCRDDeletedAndReinstalled: the CRD goes away under a running
@@ -16,9 +17,9 @@ import (
 // serve new objects, without a restart.
 func TestCRDDeletedAndReinstalled(t *testing.T) {
 	ctx := testCtx(t)
-	nsRunning, nsLate := newNamespace(ctx, t), newNamespace(ctx, t)
-	running := startController(ctx, t, nsRunning)
-	waitUUIDs(ctx, t, nsRunning, createUuids(ctx, t, nsRunning, "before", 3), time.Minute)
+	nsRunning, nsLate := env.fw.NewNamespace(ctx, t), env.fw.NewNamespace(ctx, t)
+	running := framework.StartController(ctx, t, controllerAs(env.kubeconfig), nsRunning)
+	env.fw.WaitUUIDs(ctx, t, nsRunning, env.fw.CreateUuids(ctx, t, nsRunning, "before", 3), time.Minute)
 
 	// Put the CRD back even if the test fails half-way: the tests after
 	// this one need it.
@@ -62,8 +63,8 @@ func TestCRDDeletedAndReinstalled(t *testing.T) {
 	if err := late.WaitReady(ctx, time.Minute); err != nil {
 		t.Fatalf("not ready after the CRD was installed: %v", err)
 	}
-	waitUUIDs(ctx, t, nsLate, createUuids(ctx, t, nsLate, "after", 3), time.Minute)
-	waitUUIDs(ctx, t, nsRunning, createUuids(ctx, t, nsRunning, "after", 3), time.Minute)
+	env.fw.WaitUUIDs(ctx, t, nsLate, env.fw.CreateUuids(ctx, t, nsLate, "after", 3), time.Minute)
+	env.fw.WaitUUIDs(ctx, t, nsRunning, env.fw.CreateUuids(ctx, t, nsRunning, "after", 3), time.Minute)
 	mustStayRunning(t, running)
 
 	for name, p := range map[string]*cluster.ControllerProcess{"running": running, "late": late} {

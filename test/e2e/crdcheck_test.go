@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // articleCRD is the kopf article's CRD (../shared/seed/crd.yaml, verbatim):
@@ -96,21 +97,21 @@ func checkSaysCRDIsWrong(ctx context.Context, t *testing.T, p *cluster.Controlle
 // created since, with no restart and no update of the objects.
 func TestCRDWithoutStatusSubresource(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useArticleCRD(ctx, t)
-	names := createUuids(ctx, t, ns, "early", 3)
+	names := env.fw.CreateUuids(ctx, t, ns, "early", 3)
 
-	p := launchController(ctx, t, env.kubeconfig, ns, "--max-retry-delay", "2s")
+	p := framework.LaunchController(ctx, t, controllerAs(env.kubeconfig), ns, "--max-retry-delay", "2s")
 	if err := p.WaitReady(ctx, 5*time.Second); err == nil {
 		t.Fatal("the controller reports ready on a CRD without the status subresource")
 	}
-	names = append(names, createUuids(ctx, t, ns, "late", 2)...)
+	names = append(names, env.fw.CreateUuids(ctx, t, ns, "late", 2)...)
 	// Every object held back and retried twice (backoff up to 2 s): the
 	// queue's retry count is the signal.
 	retriedAtLeast(ctx, t, p, 2*len(names))
 	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, time.Second, "no status subresource"))
 	for _, n := range names {
-		if state, id := status(ctx, t, ns, n); state != "" || id != "" {
+		if state, id := env.fw.Status(ctx, t, ns, n); state != "" || id != "" {
 			t.Errorf("%s: status state %q uuid %q on a CRD the controller cannot write", n, state, id)
 		}
 	}
@@ -122,7 +123,7 @@ func TestCRDWithoutStatusSubresource(t *testing.T) {
 	if err := env.cluster.InstallCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUUIDs(ctx, t, ns, names, time.Minute)
+	env.fw.WaitUUIDs(ctx, t, ns, names, time.Minute)
 	t.Logf("every object had its UUID %s after crd.yaml was applied", time.Since(start).Round(100*time.Millisecond))
 	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Errorf("not ready once crd.yaml is applied: %v", err)
@@ -146,17 +147,17 @@ func TestCRDWithoutStatusSubresource(t *testing.T) {
 // crd.yaml is back; the UUIDs from before are kept.
 func TestCRDReplacedByArticles(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns, "--max-retry-delay", "2s")
-	before := waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "before", 2), 30*time.Second)
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, "--max-retry-delay", "2s")
+	before := env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "before", 2), 30*time.Second)
 
 	useArticleCRD(ctx, t)
-	during := createUuids(ctx, t, ns, "during", 2)
+	during := env.fw.CreateUuids(ctx, t, ns, "during", 2)
 	// The periodic check comes every 30 s; the 404 asks for one at once,
 	// so without that the wait below would mostly time out.
 	checkSaysCRDIsWrong(ctx, t, p, waitNotReady(ctx, t, p, 15*time.Second, "no status subresource"))
 	for _, n := range during {
-		if _, id := status(ctx, t, ns, n); id != "" {
+		if _, id := env.fw.Status(ctx, t, ns, n); id != "" {
 			t.Errorf("%s got UUID %s on a CRD without the status subresource", n, id)
 		}
 	}
@@ -168,7 +169,7 @@ func TestCRDReplacedByArticles(t *testing.T) {
 	if err := env.cluster.InstallCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUUIDs(ctx, t, ns, during, time.Minute)
+	env.fw.WaitUUIDs(ctx, t, ns, during, time.Minute)
 	checkKept(ctx, t, ns, before, "the CRD replaced and restored")
 	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Errorf("not ready once crd.yaml is back: %v", err)
@@ -185,7 +186,7 @@ func TestCRDReplacedByArticles(t *testing.T) {
 // writes nothing; crd.yaml heals it.
 func TestCRDSchemaPrunesUUID(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -201,9 +202,9 @@ func TestCRDSchemaPrunesUUID(t *testing.T) {
 		doc, err := env.kube.Discovery().RESTClient().Get().AbsPath("/openapi/v3/apis/demo.operator/v1").DoRaw(ctx)
 		return err == nil && !strings.Contains(string(doc), `"format":"uuid"`)
 	})
-	p := launchController(ctx, t, env.kubeconfig, ns)
+	p := framework.LaunchController(ctx, t, controllerAs(env.kubeconfig), ns)
 	body := waitNotReady(ctx, t, p, 30*time.Second, "no status.uuid")
-	names := createUuids(ctx, t, ns, "pruned", 2)
+	names := env.fw.CreateUuids(ctx, t, ns, "pruned", 2)
 	retriedAtLeast(ctx, t, p, 2*len(names))
 	if !strings.Contains(body, "[-]crd failed") {
 		t.Errorf("/readyz body %q does not name the failed crd check", body)
@@ -220,7 +221,7 @@ func TestCRDSchemaPrunesUUID(t *testing.T) {
 	if err := env.cluster.InstallCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUUIDs(ctx, t, ns, names, time.Minute)
+	env.fw.WaitUUIDs(ctx, t, ns, names, time.Minute)
 	if err := p.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Errorf("not ready once crd.yaml is applied: %v", err)
 	}

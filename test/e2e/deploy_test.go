@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestDeploymentAsDeployed: the apiserver accepts deploy/deployment.yaml
@@ -29,10 +30,7 @@ import (
 // SIGTERM. No kubelet runs here, so the process stands in for the pod.
 func TestDeploymentAsDeployed(t *testing.T) {
 	ctx := testCtx(t)
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	if err := env.cluster.Apply(ctx, filepath.Join(root, "deploy", "deployment.yaml"), filepath.Join(root, "deploy", "pdb.yaml")); err != nil {
 		t.Fatalf("the apiserver rejects the deployment manifests: %v", err)
 	}
@@ -57,19 +55,23 @@ func TestDeploymentAsDeployed(t *testing.T) {
 			args = append(args, a)
 		}
 	}
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	// /metrics as deployed: HTTPS, read (by waitLeader) with a reader's token.
 	reader, _ := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader}, args...)
 	waitLeader(ctx, t, 30*time.Second, p)
-	if h := leaseHolder(ctx, t, "uuid-controller"); h == "" {
+	if _, h, err := env.fw.LeaseHolder(ctx, cluster.ControllerNamespace, "uuid-controller"); err != nil {
+		t.Fatal(err)
+	} else if h == "" {
 		t.Fatal("leading, but Lease uuid-system/uuid-controller has no holder")
 	}
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "deployed", 5), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "deployed", 5), 30*time.Second)
 	if code, took := p.Stop(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM (%s), want 0", code, took)
 	}
-	if h := leaseHolder(ctx, t, "uuid-controller"); h != "" {
+	if _, h, err := env.fw.LeaseHolder(ctx, cluster.ControllerNamespace, "uuid-controller"); err != nil {
+		t.Fatal(err)
+	} else if h != "" {
 		t.Errorf("Lease still held by %q after SIGTERM", h)
 	}
 }
@@ -86,14 +88,14 @@ func TestDeploymentInAnotherNamespace(t *testing.T) {
 	ctx := testCtx(t)
 	installNS, d := installElsewhere(ctx, t, false)
 	c := d.Spec.Template.Spec.Containers[0]
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	p := startAsDeployed(ctx, t, installNS, d, ns)
 	waitLeader(ctx, t, 30*time.Second, p)
 	l, err := env.kube.CoordinationV1().Leases(installNS).Get(ctx, "uuid-controller", metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		t.Fatalf("leading, but Lease %s/uuid-controller has no holder (%v)", installNS, err)
 	}
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "elsewhere", 5), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "elsewhere", 5), 30*time.Second)
 
 	limit := c.Resources.Limits.Memory().Value()
 	if got, want := controllerMetric(ctx, t, p, "go_gc_gomemlimit_bytes", nil), float64(int64(float64(limit)*0.9)); got != want {
@@ -117,9 +119,9 @@ func TestKopfMigrationComponentInAnotherNamespace(t *testing.T) {
 	if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--remove-kopf-finalizer") {
 		t.Fatalf("the component did not add --remove-kopf-finalizer: %q", args)
 	}
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	// An object to prove the policy on at start.
-	createUuids(ctx, t, ns, "existing", 1)
+	env.fw.CreateUuids(ctx, t, ns, "existing", 1)
 	p := startAsDeployed(ctx, t, installNS, d, ns)
 	// The apiserver enforces a new policy about a second after it is
 	// created, which the controller's first proof can beat; a missing
@@ -144,10 +146,7 @@ func TestKopfMigrationComponentInAnotherNamespace(t *testing.T) {
 // suffix, and the cleanup deletes what the test added.
 func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string, *appsv1.Deployment) {
 	t.Helper()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	installNS := "uuid-elsewhere-" + uuid.NewString()[:6]
 	objs := renderInto(t, root, installNS, withKopf)
 	var bindings []string
@@ -171,7 +170,18 @@ func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string,
 		}
 		_ = env.kube.CoreV1().Namespaces().Delete(ctx, installNS, metav1.DeleteOptions{})
 	})
-	file := filepath.Join(t.TempDir(), "install.json")
+	applyObjects(ctx, t, objs)
+	d := deploymentOf(t, objs)
+	if d.Namespace != installNS {
+		t.Fatalf("rendered Deployment is in %q, want %q", d.Namespace, installNS)
+	}
+	return installNS, d
+}
+
+// applyObjects applies objs as the admin, as kubectl apply would.
+func applyObjects(ctx context.Context, t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "objects.json")
 	var buf bytes.Buffer
 	for _, o := range objs {
 		b, err := o.MarshalJSON()
@@ -184,13 +194,8 @@ func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string,
 		t.Fatal(err)
 	}
 	if err := env.cluster.Apply(ctx, file); err != nil {
-		t.Fatalf("apply deploy/ rendered into %s: %v", installNS, err)
+		t.Fatalf("apply %d objects: %v", len(objs), err)
 	}
-	d := deploymentOf(t, objs)
-	if d.Namespace != installNS {
-		t.Fatalf("rendered Deployment is in %q, want %q", d.Namespace, installNS)
-	}
-	return installNS, d
 }
 
 // startAsDeployed runs the binary as d's pod would run in installNS: as its
@@ -212,7 +217,7 @@ func startAsDeployed(ctx context.Context, t *testing.T, installNS string, d *app
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, Env: podEnv(t, installNS, c)}, ns, args...)
+	return framework.StartController(ctx, t, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: kubeconfig, Env: podEnv(t, installNS, c)}, ns, args...)
 }
 
 // renderInto renders deploy/ with kustomize (bin/kubectl) through an
@@ -243,7 +248,7 @@ func renderInto(t *testing.T, root, ns string, withKopf bool) []*unstructured.Un
 		t.Fatal(err)
 	}
 	file := filepath.Join(dir, "rendered.yaml")
-	if err := os.WriteFile(file, []byte(kubectl(t, "kustomize", dir)), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(framework.Kubectl(t, env.cluster, "kustomize", dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	objs, err := cluster.ReadObjects(file)

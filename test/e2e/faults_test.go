@@ -27,20 +27,20 @@ import (
 // resumes, and objects from before and after all have their UUIDs.
 func TestAPIServerRestart(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns)
-	before := createUuids(ctx, t, ns, "before", 10)
-	want := waitUUIDs(ctx, t, ns, before, 30*time.Second)
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	before := env.fw.CreateUuids(ctx, t, ns, "before", 10)
+	want := env.fw.WaitUUIDs(ctx, t, ns, before, 30*time.Second)
 
 	if err := env.cluster.RestartAPIServer(ctx); err != nil {
 		t.Fatalf("restart apiserver: %v", err)
 	}
 	mustStayRunning(t, p)
 
-	after := createUuids(ctx, t, ns, "after", 10)
+	after := env.fw.CreateUuids(ctx, t, ns, "after", 10)
 	// The reflector backs off while the apiserver is down, so the first
 	// events after it returns can take a few seconds.
-	waitUUIDs(ctx, t, ns, after, 60*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, after, 60*time.Second)
 	checkKept(ctx, t, ns, want, "the apiserver restart")
 	if n := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 20); n != 20 {
 		t.Errorf("uuids_assigned_total = %v, want 20", n)
@@ -53,9 +53,9 @@ func TestAPIServerRestart(t *testing.T) {
 // is written twice.
 func TestSIGTERMMidBurst(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	names := createUuids(ctx, t, ns, "backlog", 300)
-	p := startController(ctx, t, ns)
+	ns := env.fw.NewNamespace(ctx, t)
+	names := env.fw.CreateUuids(ctx, t, ns, "backlog", 300)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 	waitFirstAssignment(ctx, t, p)
 	// The default --shutdown-timeout is 10 s; the exit must come within it.
 	if code := sigterm(t, p, 15*time.Second); code != 0 {
@@ -67,8 +67,8 @@ func TestSIGTERMMidBurst(t *testing.T) {
 	}
 	t.Logf("first controller wrote %d of %d before it stopped", first, len(names))
 
-	startController(ctx, t, ns)
-	waitUUIDs(ctx, t, ns, names, time.Minute)
+	framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	env.fw.WaitUUIDs(ctx, t, ns, names, time.Minute)
 	if got := auditedReaches(t, ns, 0, len(names)); got != len(names) {
 		t.Errorf("the audit log has %d status writes for %d objects, want exactly one each", got, len(names))
 	}
@@ -82,19 +82,19 @@ func TestSIGTERMMidBurst(t *testing.T) {
 // died is logged 504 even when it committed.
 func TestSIGKILLMidBurst(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	names := createUuids(ctx, t, ns, "backlog", 300)
-	history := watchUUIDs(ctx, t, ns)
-	p := startController(ctx, t, ns)
+	ns := env.fw.NewNamespace(ctx, t)
+	names := env.fw.CreateUuids(ctx, t, ns, "backlog", 300)
+	history := env.fw.WatchUUIDs(ctx, t, ns)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 	waitFirstAssignment(ctx, t, p)
 	p.Kill()
-	if done := len(assignedUUIDs(ctx, t, ns)); done == len(names) {
+	if done := len(env.fw.AssignedUUIDs(ctx, t, ns)); done == len(names) {
 		t.Fatalf("all %d objects were done before the kill: it did not land mid-backlog", done)
 	}
 
-	startController(ctx, t, ns)
-	want := waitUUIDs(ctx, t, ns, names, time.Minute)
-	history.checkOnce(ctx, t, want)
+	framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	want := env.fw.WaitUUIDs(ctx, t, ns, names, time.Minute)
+	history.CheckOnce(ctx, t, want)
 	if codes := auditedCodesNotOne200(t, ns); len(codes) > 0 {
 		t.Logf("status PATCH codes, for objects not written with exactly one 200: %v", codes)
 	}
@@ -144,17 +144,17 @@ func auditedCodesNotOne200(t *testing.T, ns string) map[string][]int {
 // keeps running and, once etcd is back, serves new objects; old UUIDs stay.
 func TestEtcdOutage(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns)
-	before := createUuids(ctx, t, ns, "before", 10)
-	want := waitUUIDs(ctx, t, ns, before, 30*time.Second)
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	before := env.fw.CreateUuids(ctx, t, ns, "before", 10)
+	want := env.fw.WaitUUIDs(ctx, t, ns, before, 30*time.Second)
 
 	startEtcd := stopEtcd(t)
 	time.Sleep(20 * time.Second)
 	mustStayRunning(t, p)
 	startEtcd(ctx)
 	after := createAfterOutage(ctx, t, ns, "after", 10)
-	waitUUIDs(ctx, t, ns, after, time.Minute)
+	env.fw.WaitUUIDs(ctx, t, ns, after, time.Minute)
 	checkKept(ctx, t, ns, want, "the etcd outage")
 	mustStayRunning(t, p)
 }
@@ -198,7 +198,7 @@ func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n i
 	var lastErr error
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		for ; created < n; created++ {
-			if _, lastErr = uuids(ns).Create(ctx, framework.NewUuid(names[created]), metav1.CreateOptions{}); lastErr != nil {
+			if _, lastErr = env.fw.Uuids(ns).Create(ctx, framework.NewUuid(names[created]), metav1.CreateOptions{}); lastErr != nil {
 				return false, nil
 			}
 		}
@@ -218,7 +218,7 @@ func createAfterOutage(ctx context.Context, t *testing.T, ns, prefix string, n i
 // through, with state Ok. Nothing is dropped, and every failure is counted.
 func TestTransientWriteErrors(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	const (
 		failFirst  = 6
 		errorAfter = 3
@@ -261,11 +261,11 @@ func TestTransientWriteErrors(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by the test","reason":"InternalError","code":500}`))
 		return true
 	})
-	p := startControllerAs(ctx, t, viaProxy, ns, "--error-after", strconv.Itoa(errorAfter), "--max-retry-delay", "1s")
-	createUuids(ctx, t, ns, "flaky", 1)
+	p := framework.StartController(ctx, t, controllerAs(viaProxy), ns, "--error-after", strconv.Itoa(errorAfter), "--max-retry-delay", "1s")
+	env.fw.CreateUuids(ctx, t, ns, "flaky", 1)
 
-	waitUUIDs(ctx, t, ns, []string{"flaky-0"}, 30*time.Second)
-	if state, _ := status(ctx, t, ns, "flaky-0"); state != "Ok" {
+	env.fw.WaitUUIDs(ctx, t, ns, []string{"flaky-0"}, 30*time.Second)
+	if state, _ := env.fw.Status(ctx, t, ns, "flaky-0"); state != "Ok" {
 		t.Errorf("state = %q after recovery, want Ok", state)
 	}
 	if w := waitWarning(ctx, t, ns, "flaky-0", "UUIDFailed"); !strings.Contains(w.Message, "injected by the test") {

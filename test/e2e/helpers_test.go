@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 	"github.com/demo-operator/uuid-controller/test/framework"
@@ -25,108 +24,22 @@ func testCtx(t *testing.T) context.Context {
 	return framework.Context(t, 5*time.Minute)
 }
 
-// newNamespace creates a namespace named after the test.
-func newNamespace(ctx context.Context, t *testing.T) string {
-	t.Helper()
-	return env.fw.NewNamespace(ctx, t)
-}
-
-// startController runs the controller as the ServiceAccount, watching only
-// namespace ns, waits for its cache to sync and stops it when the test ends.
-// Its output is logged if the test fails.
-func startController(ctx context.Context, t *testing.T, ns string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	return startControllerAs(ctx, t, env.kubeconfig, ns, args...)
-}
-
-func startControllerAs(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	return startControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig}, ns, args...)
-}
-
-// startControllerWith is startControllerAs with more of StartController's
-// options (the binary and the namespace and log flags are added).
-func startControllerWith(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	p := launchControllerWith(ctx, t, opts, ns, args...)
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// launchController is startControllerAs without waiting for readiness;
-// ns "" watches every namespace, as deployed.
-func launchController(ctx context.Context, t *testing.T, kubeconfig, ns string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	return launchControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig}, ns, args...)
-}
-
-func launchControllerWith(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
-	t.Helper()
-	if ns != "" {
-		args = append([]string{"--namespace", ns}, args...)
-	}
-	opts.Binary = env.binary
-	opts.Args = append(append([]string{"-v", "2"}, opts.Args...), args...)
-	return framework.LaunchController(ctx, t, opts)
-}
-
-func uuids(ns string) dynamic.ResourceInterface {
-	return env.fw.Uuids(ns)
-}
-
-// createUuids creates n objects named prefix-0 .. prefix-(n-1) and returns
-// their names.
-func createUuids(ctx context.Context, t *testing.T, ns, prefix string, n int) []string {
-	t.Helper()
-	return env.fw.CreateUuids(ctx, t, ns, prefix, n)
-}
-
-// status reads an object's status.state and status.uuid from the API.
-func status(ctx context.Context, t *testing.T, ns, name string) (state, id string) {
-	t.Helper()
-	return env.fw.Status(ctx, t, ns, name)
-}
-
-// waitUUIDs waits until every named object has state Ok and a valid UUID,
-// and returns name -> UUID.
-func waitUUIDs(ctx context.Context, t *testing.T, ns string, names []string, timeout time.Duration) map[string]string {
-	t.Helper()
-	return env.fw.WaitUUIDs(ctx, t, ns, names, timeout)
-}
-
-// assignedUUIDs returns name -> UUID for the objects in ns with state Ok
-// and a UUID.
-func assignedUUIDs(ctx context.Context, t *testing.T, ns string) map[string]string {
-	t.Helper()
-	return env.fw.AssignedUUIDs(ctx, t, ns)
+// controllerAs is the options that run this checkout's controller binary
+// authenticated by kubeconfig (env.kubeconfig: as its ServiceAccount).
+func controllerAs(kubeconfig string) cluster.ControllerOptions {
+	return cluster.ControllerOptions{Binary: env.binary, Kubeconfig: kubeconfig}
 }
 
 // checkKept fails the test unless every object in want still has the UUID
 // it had before what happened (named by across).
 func checkKept(ctx context.Context, t *testing.T, ns string, want map[string]string, across string) {
 	t.Helper()
-	got := assignedUUIDs(ctx, t, ns)
+	got := env.fw.AssignedUUIDs(ctx, t, ns)
 	for n, id := range want {
 		if got[n] != id {
 			t.Errorf("%s: UUID changed across %s: %s -> %s", n, across, id, got[n])
 		}
 	}
-}
-
-// apiStatusWrites is the apiserver's count of status writes to Uuid objects
-// (any response code), read once it has stopped moving: the apiserver
-// counts a request as its handler returns, which can trail the response.
-func apiStatusWrites(ctx context.Context, t *testing.T) float64 {
-	t.Helper()
-	return settled(t, func() (float64, error) {
-		text, err := env.cluster.Metrics(ctx)
-		if err != nil {
-			return 0, err
-		}
-		return cluster.StatusWrites(text)
-	})
 }
 
 // controllerMetric sums a counter or gauge of the controller's /metrics.
@@ -167,7 +80,7 @@ func settled(t *testing.T, read func() (float64, error)) float64 {
 
 // patchStatus is a user's (admin's) merge patch of the status subresource.
 func patchStatus(ctx context.Context, ns, name, patch string) error {
-	_, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	_, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
 	return err
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/demo-operator/uuid-controller/internal/httpserver"
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // idleConns is how many connections TestIdleConnections opens to each
@@ -40,7 +41,7 @@ const maxRSSGrowth = 30 << 20
 // within a 1 s client timeout.
 func TestIdleConnections(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader})
 	if _, err := p.Metrics(ctx); err != nil { // the first scrape's reviews and buffers happen before the baseline
@@ -91,9 +92,9 @@ func TestIdleConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("controller RSS %s before, peak %s with %d idle connections to each port: +%s", mib(before), mib(peak), idleConns, mib(peak-before))
+	t.Logf("controller RSS %s before, peak %s with %d idle connections to each port: +%s", framework.MiB(before), framework.MiB(peak), idleConns, framework.MiB(peak-before))
 	if peak-before > maxRSSGrowth {
-		t.Errorf("controller RSS grew by %s with %d idle connections per port, want at most %s", mib(peak-before), idleConns, mib(maxRSSGrowth))
+		t.Errorf("controller RSS grew by %s with %d idle connections per port, want at most %s", framework.MiB(peak-before), idleConns, framework.MiB(maxRSSGrowth))
 	}
 	health.check(t, "/healthz from "+goodAddr.String()+" meanwhile", http.StatusOK)
 	scrapes.check(t, "scrapes from "+goodAddr.String()+" meanwhile", http.StatusOK)

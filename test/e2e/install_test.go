@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // installer renders deploy/ through hack/kustomize-overlay.sh with image img,
@@ -34,7 +35,7 @@ func installer(t *testing.T, root, img string) (string, []*unstructured.Unstruct
 		t.Fatalf("kustomize-overlay.sh %s: %v\n%s", img, err, out)
 	}
 	file := filepath.Join(dir, "install.yaml")
-	if err := os.WriteFile(file, []byte(kubectl(t, "kustomize", overlay)), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(framework.Kubectl(t, env.cluster, "kustomize", overlay)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	objs, err := cluster.ReadObjects(file)
@@ -55,10 +56,7 @@ func objectKey(o *unstructured.Unstructured) string {
 // passes it.
 func TestInstallManifests(t *testing.T) {
 	ctx := testCtx(t)
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 
 	// kustomize loads no file from outside deploy/, so it holds a copy of
 	// crd.yaml; users also apply crd.yaml by itself.
@@ -138,8 +136,8 @@ func TestInstallManifests(t *testing.T) {
 	// already (the cluster installed crd.yaml and the controller's
 	// namespace and RBAC), so this is a server-side dry run: nothing the
 	// other tests rely on changes.
-	kubectl(t, "apply", "--dry-run=server", "-f", file)
-	kubectl(t, "apply", "--dry-run=server", "-k", filepath.Join(root, "deploy"))
+	framework.Kubectl(t, env.cluster, "apply", "--dry-run=server", "-f", file)
+	framework.Kubectl(t, env.cluster, "apply", "--dry-run=server", "-k", filepath.Join(root, "deploy"))
 
 	if ns == nil {
 		t.Fatal("no Namespace in the install")
@@ -158,7 +156,7 @@ func TestInstallManifests(t *testing.T) {
 // must be refused, or the check proves nothing.
 func checkPodSecurity(ctx context.Context, t *testing.T, labels map[string]string, pod *corev1.Pod) {
 	t.Helper()
-	name := newNamespace(ctx, t)
+	name := env.fw.NewNamespace(ctx, t)
 	t.Cleanup(func() { _ = env.kube.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	nsObj, err := env.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

@@ -11,10 +11,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // kopfProofTTL is the bound the controller states (policyProofTTL in
-// kopfpolicy.go): no finalizer removal starts more than this long after
+// internal/kopf/gate.go): no finalizer removal starts more than this long after
 // the apiserver stops enforcing the migration's admission policy.
 const kopfProofTTL = 3 * time.Second
 
@@ -53,7 +54,7 @@ func TestKopfPolicyChangedAfterStart(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			ns := newNamespace(ctx, t)
+			ns := env.fw.NewNamespace(ctx, t)
 			useKopfMigration(ctx, t, ns, true)
 			for _, n := range []string{"before", "after"} {
 				createBare(ctx, t, ns, n, kopfFinalizer)
@@ -62,7 +63,7 @@ func TestKopfPolicyChangedAfterStart(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			p := launchController(ctx, t, env.kubeconfig, ns, "--remove-kopf-finalizer", "--max-retry-delay=2s")
+			p := framework.LaunchController(ctx, t, controllerAs(env.kubeconfig), ns, "--remove-kopf-finalizer", "--max-retry-delay=2s")
 			if err := p.WaitReady(ctx, time.Minute); err != nil {
 				t.Fatal(err)
 			}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -44,7 +43,7 @@ const (
 // annotation.
 func kopfHandled(ctx context.Context, t *testing.T, ns, name, state, id, message string) {
 	t.Helper()
-	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := env.fw.Uuids(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +54,7 @@ func kopfHandled(ctx context.Context, t *testing.T, ns, name, state, id, message
 		fmt.Sprintf(`{"status":{"state":%q,"message":%s,"uuid":%q}}`, state, msg, id),
 		`{"metadata":{"annotations":{"` + kopfAnnotation + `":"{}\n"}}}`,
 	} {
-		if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatalf("kopf's patch %s of %s/%s: %v", patch, ns, name, err)
 		}
 	}
@@ -72,7 +71,7 @@ func createBare(ctx context.Context, t *testing.T, ns, name string, finalizers .
 	u := framework.NewUuid(name)
 	delete(u.Object, "spec")
 	u.SetFinalizers(finalizers)
-	if _, err := uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := env.fw.Uuids(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -80,7 +79,7 @@ func createBare(ctx context.Context, t *testing.T, ns, name string, finalizers .
 // object reads ns/name, nil once it is gone.
 func object(ctx context.Context, t *testing.T, ns, name string) *unstructured.Unstructured {
 	t.Helper()
-	u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := env.fw.Uuids(ns).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -93,13 +92,7 @@ func object(ctx context.Context, t *testing.T, ns, name string) *unstructured.Un
 // waitFor polls cond for up to timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	err := framework.Poll(t.Context(), timeout, what, func(context.Context) error {
-		if !cond() {
-			return errors.New("not yet")
-		}
-		return nil
-	})
-	if err != nil {
+	if err := framework.PollTrue(t.Context(), timeout, what, cond); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -107,7 +100,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // deleteUuid deletes ns/name as kubectl delete would.
 func deleteUuid(ctx context.Context, t *testing.T, ns, name string) {
 	t.Helper()
-	if err := uuids(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	if err := env.fw.Uuids(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -117,7 +110,7 @@ func dropFinalizers(ns string, names ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, n := range names {
-		_, _ = uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_, _ = env.fw.Uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	}
 }
 
@@ -126,10 +119,7 @@ func dropFinalizers(ns string, names ...string) {
 // the policy denies the ServiceAccount a change RBAC allows.
 func useKopfMigration(ctx context.Context, t *testing.T, ns string, withPolicy bool) {
 	t.Helper()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -256,7 +246,7 @@ func saClient(t *testing.T) dynamic.Interface {
 // touched.
 func TestKopfMigration(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useArticleCRD(ctx, t)
 
 	handled := []string{"handled-0", "handled-1", "handled-2", "shared"}
@@ -285,7 +275,7 @@ func TestKopfMigration(t *testing.T) {
 	t.Cleanup(func() {
 		dropFinalizers(ns, append(handled, "failed-erreur", "failed-error")...)
 		dropFinalizers("default", first)
-		_ = uuids("default").Delete(context.Background(), first, metav1.DeleteOptions{})
+		_ = env.fw.Uuids("default").Delete(context.Background(), first, metav1.DeleteOptions{})
 	})
 
 	// Step 1 of the migration: kopf is stopped (it never ran here).
@@ -294,8 +284,8 @@ func TestKopfMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Step 3: the controller, as deployed (every namespace, its own RBAC).
-	p := startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s")
-	waitUUIDs(ctx, t, ns, []string{"failed-erreur", "failed-error"}, 30*time.Second)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), "", "--resync", "1s")
+	env.fw.WaitUUIDs(ctx, t, ns, []string{"failed-erreur", "failed-error"}, 30*time.Second)
 	for n := range failed {
 		waitWarning(ctx, t, ns, n, "InvalidUUID")
 	}
@@ -345,7 +335,7 @@ func TestKopfMigration(t *testing.T) {
 
 	// Step 4: the opt-in, with its RBAC and admission policy.
 	useKopfMigration(ctx, t, ns, true)
-	p = startControllerAs(ctx, t, env.kubeconfig, "", "--resync", "1s", "--remove-kopf-finalizer")
+	p = framework.StartController(ctx, t, controllerAs(env.kubeconfig), "", "--resync", "1s", "--remove-kopf-finalizer")
 	waitFor(t, 30*time.Second, "handled-0, deleted while the opt-in was off, is gone", func() bool { return object(ctx, t, ns, "handled-0") == nil })
 	deleteUuid(ctx, t, ns, "shared")
 	waitFor(t, 30*time.Second, "kopf's finalizer leaves shared", func() bool {
@@ -419,7 +409,7 @@ func checkKopfObject(t *testing.T, u *unstructured.Unstructured, id string) {
 // on its own. The controller's dry-run proofs of the policy are not held.
 func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useKopfMigration(ctx, t, ns, false)
 	// The controller removes nothing unless a policy of the migration's
 	// name binds it; this one judges no finalizer.
@@ -444,12 +434,12 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 		}
 		return false
 	})
-	startControllerAs(ctx, t, kc, ns, "--remove-kopf-finalizer")
+	framework.StartController(ctx, t, controllerAs(kc), ns, "--remove-kopf-finalizer")
 	deleteUuid(ctx, t, ns, name)
 	<-held
 	// kopf handles the deletion itself: its finalizer goes, the other
 	// moves to index 0.
-	if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`"]}}`), metav1.PatchOptions{}); err != nil {
+	if _, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`"]}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
@@ -470,7 +460,7 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 		t.Fatalf("after the race: %v, want the object terminating with %s alone", u, otherFinalizer)
 	}
 	// kopf re-adding its finalizer is refused on an object being deleted.
-	_, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`","`+kopfFinalizer+`"]}}`), metav1.PatchOptions{})
+	_, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+otherFinalizer+`","`+kopfFinalizer+`"]}}`), metav1.PatchOptions{})
 	if err == nil || !strings.Contains(err.Error(), "finalizers") {
 		t.Errorf("adding kopf's finalizer back to an object being deleted: %v, want it refused", err)
 	}
@@ -487,14 +477,14 @@ func TestKopfFinalizerRaceWithKopf(t *testing.T) {
 // unaffected.
 func TestKopfMigrationPolicy(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useKopfMigration(ctx, t, ns, true)
 	grantCreateDelete(ctx, t, ns)
 	createBare(ctx, t, ns, "live", kopfFinalizer)
 	createBare(ctx, t, ns, "deleting", otherFinalizer, kopfFinalizer)
 	t.Cleanup(func() { dropFinalizers(ns, "live", "deleting", "policy-probe") })
 	for _, n := range []string{"live", "deleting"} {
-		if _, err := uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+kopfAnnotation+`":"{}\n"}}}`), metav1.PatchOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+kopfAnnotation+`":"{}\n"}}}`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -588,7 +578,7 @@ func TestKopfMigrationPolicy(t *testing.T) {
 // restart.
 func TestKopfMigrationFailsClosed(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useKopfMigration(ctx, t, ns, false)
 	const name = "stuck"
 	createBare(ctx, t, ns, name, kopfFinalizer)
@@ -597,7 +587,7 @@ func TestKopfMigrationFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteUuid(ctx, t, ns, name)
-	p := launchController(ctx, t, env.kubeconfig, ns, "--remove-kopf-finalizer", "--max-retry-delay=2s")
+	p := framework.LaunchController(ctx, t, controllerAs(env.kubeconfig), ns, "--remove-kopf-finalizer", "--max-retry-delay=2s")
 
 	body := waitNotReady(ctx, t, p, time.Minute, "uuid-controller-kopf-migration")
 	t.Logf("/readyz without the policy: %s", body)
@@ -626,10 +616,7 @@ func TestKopfMigrationFailsClosed(t *testing.T) {
 		t.Errorf("the log does not name the missing policy:\n%s", out)
 	}
 
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	applyKopfPolicy(ctx, t, ns, filepath.Join(root, "deploy", "kopf-migration", "policy.yaml"), []string{labelPatch, annotationPatch}, nil)
 	waitFor(t, time.Minute, "the object to go once the policy binds", func() bool { return object(ctx, t, ns, name) == nil })
 	if err := p.WaitReady(ctx, 30*time.Second); err != nil {

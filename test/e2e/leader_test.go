@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // leaderArgs turns on leader election with a Lease of the test's own and
@@ -96,24 +97,12 @@ func waitLeader(ctx context.Context, t *testing.T, timeout time.Duration, ps ...
 func startPair(ctx context.Context, t *testing.T, ns string, leaseDuration time.Duration) (leader, standby *cluster.ControllerProcess) {
 	t.Helper()
 	args := leaderArgs(ctx, t, ns, leaseDuration)
-	a := startController(ctx, t, ns, args...)
-	b := startController(ctx, t, ns, args...)
+	a := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, args...)
+	b := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, args...)
 	if leader = waitLeader(ctx, t, 20*time.Second, a, b); leader == a {
 		return a, b
 	}
 	return b, a
-}
-
-func leaseHolder(ctx context.Context, t *testing.T, name string) string {
-	t.Helper()
-	l, err := env.kube.CoordinationV1().Leases(cluster.ControllerNamespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get lease %s: %v", name, err)
-	}
-	if l.Spec.HolderIdentity == nil {
-		return ""
-	}
-	return *l.Spec.HolderIdentity
 }
 
 // writesOf reads p's status writes, waiting up to 5 s for them to reach want.
@@ -127,15 +116,18 @@ func writesOf(ctx context.Context, t *testing.T, p *cluster.ControllerProcess, w
 // still get a UUID.
 func TestLeaderElection(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	leader, standby := startPair(ctx, t, ns, 5*time.Second)
-	holder := leaseHolder(ctx, t, ns)
+	_, holder, err := env.fw.LeaseHolder(ctx, cluster.ControllerNamespace, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if holder == "" {
 		t.Fatal("a replica reports leading but the Lease has no holder")
 	}
 
-	first := createUuids(ctx, t, ns, "first", 10)
-	waitUUIDs(ctx, t, ns, first, 30*time.Second)
+	first := env.fw.CreateUuids(ctx, t, ns, "first", 10)
+	env.fw.WaitUUIDs(ctx, t, ns, first, 30*time.Second)
 	if got := writesOf(ctx, t, leader, len(first)); got != float64(len(first)) {
 		t.Errorf("leader sent %v status writes, want %d", got, len(first))
 	}
@@ -148,11 +140,13 @@ func TestLeaderElection(t *testing.T) {
 	if got := waitLeader(ctx, t, 30*time.Second, standby); got != standby {
 		t.Fatal("standby did not take over")
 	}
-	if h := leaseHolder(ctx, t, ns); h == holder || h == "" {
+	if _, h, err := env.fw.LeaseHolder(ctx, cluster.ControllerNamespace, ns); err != nil {
+		t.Fatal(err)
+	} else if h == holder || h == "" {
 		t.Errorf("Lease holder after takeover = %q, was %q", h, holder)
 	}
-	second := createUuids(ctx, t, ns, "second", 10)
-	waitUUIDs(ctx, t, ns, second, 30*time.Second)
+	second := env.fw.CreateUuids(ctx, t, ns, "second", 10)
+	env.fw.WaitUUIDs(ctx, t, ns, second, 30*time.Second)
 	if got := writesOf(ctx, t, standby, len(second)); got != float64(len(second)) {
 		t.Errorf("new leader sent %v status writes, want %d", got, len(second))
 	}
@@ -164,27 +158,29 @@ func TestLeaderElection(t *testing.T) {
 // of after the lease duration.
 func TestSIGTERMReleasesLease(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	// A long lease: a takeover within it proves the Lease was released.
 	const leaseDuration = 60 * time.Second
-	p := startController(ctx, t, ns, leaderArgs(ctx, t, ns, leaseDuration)...)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, leaderArgs(ctx, t, ns, leaseDuration)...)
 	waitLeader(ctx, t, 20*time.Second, p)
-	names := createUuids(ctx, t, ns, "before-term", 3)
-	waitUUIDs(ctx, t, ns, names, 30*time.Second)
+	names := env.fw.CreateUuids(ctx, t, ns, "before-term", 3)
+	env.fw.WaitUUIDs(ctx, t, ns, names, 30*time.Second)
 
 	start := time.Now()
 	if code := sigterm(t, p, 5*time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
 	t.Logf("exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
-	if h := leaseHolder(ctx, t, ns); h != "" {
+	if _, h, err := env.fw.LeaseHolder(ctx, cluster.ControllerNamespace, ns); err != nil {
+		t.Fatal(err)
+	} else if h != "" {
 		t.Errorf("Lease still held by %q after SIGTERM", h)
 	}
 
-	next := startController(ctx, t, ns, leaderArgs(ctx, t, ns, leaseDuration)...)
+	next := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, leaderArgs(ctx, t, ns, leaseDuration)...)
 	waitLeader(ctx, t, 10*time.Second, next)
-	more := createUuids(ctx, t, ns, "after-term", 3)
-	waitUUIDs(ctx, t, ns, more, 30*time.Second)
+	more := env.fw.CreateUuids(ctx, t, ns, "after-term", 3)
+	env.fw.WaitUUIDs(ctx, t, ns, more, 30*time.Second)
 }
 
 // TestLeaseLostExits: a leader that cannot renew its Lease (etcd down for
@@ -193,9 +189,9 @@ func TestSIGTERMReleasesLease(t *testing.T) {
 // standby, which never led, stays up and takes over once etcd is back.
 func TestLeaseLostExits(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	leader, standby := startPair(ctx, t, ns, 4*time.Second)
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "before", 3), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "before", 3), 30*time.Second)
 
 	startEtcd := stopEtcd(t)
 	code, err := leader.Wait(30 * time.Second)
@@ -214,7 +210,7 @@ func TestLeaseLostExits(t *testing.T) {
 	if got := waitLeader(ctx, t, time.Minute, standby); got != standby {
 		t.Fatal("standby did not take over")
 	}
-	waitUUIDs(ctx, t, ns, createAfterOutage(ctx, t, ns, "after", 5), time.Minute)
+	env.fw.WaitUUIDs(ctx, t, ns, createAfterOutage(ctx, t, ns, "after", 5), time.Minute)
 	mustStayRunning(t, standby)
 }
 
@@ -227,7 +223,7 @@ func TestLeaseLostExits(t *testing.T) {
 // while the new leader writes.
 func TestLeaseLossStopsWritesFirst(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	const oldLeaderAgent = "uuid-controller-old-leader"
 	var failRenewals atomic.Bool
 	kubeconfig := apiProxy(t, func(w http.ResponseWriter, r *http.Request) bool {
@@ -253,12 +249,12 @@ func TestLeaseLossStopsWritesFirst(t *testing.T) {
 		}
 		return false
 	})
-	history := watchUUIDs(ctx, t, ns)
+	history := env.fw.WatchUUIDs(ctx, t, ns)
 	args := leaderArgs(ctx, t, ns, 4*time.Second)
-	old := startControllerAs(ctx, t, kubeconfig, ns, args...)
+	old := framework.StartController(ctx, t, controllerAs(kubeconfig), ns, args...)
 	waitLeader(ctx, t, 20*time.Second, old)
-	next := startController(ctx, t, ns, args...)
-	names := createUuids(ctx, t, ns, "burst", 300)
+	next := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, args...)
+	names := env.fw.CreateUuids(ctx, t, ns, "burst", 300)
 	waitFirstAssignment(ctx, t, old)
 	failRenewals.Store(true)
 
@@ -268,7 +264,7 @@ func TestLeaseLossStopsWritesFirst(t *testing.T) {
 	if got := waitLeader(ctx, t, 30*time.Second, next); got != next {
 		t.Fatal("the standby did not take over")
 	}
-	ids := waitUUIDs(ctx, t, ns, names, 2*time.Minute)
+	ids := env.fw.WaitUUIDs(ctx, t, ns, names, 2*time.Minute)
 
 	// Every status PATCH of the old leader's that reached the apiserver
 	// counts, whatever its code: one cut off by its client is logged 504
@@ -299,5 +295,5 @@ func TestLeaseLossStopsWritesFirst(t *testing.T) {
 		t.Errorf("the old leader wrote %d times after the new leader's first write (last %s after it)", late, lastOld.Sub(firstNew))
 	}
 	// The precondition still keeps each object to one UUID ever.
-	history.checkOnce(ctx, t, ids)
+	history.CheckOnce(ctx, t, ids)
 }

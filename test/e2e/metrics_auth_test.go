@@ -56,7 +56,7 @@ func metricsTokens(ctx context.Context, t *testing.T, ns string) (reader, strang
 // (HTTPS, delegated reviews); the process's Metrics reads it with auth.
 func startSecureController(ctx context.Context, t *testing.T, kubeconfig, ns string, auth cluster.MetricsAuth, args ...string) *cluster.ControllerProcess {
 	t.Helper()
-	return startControllerWith(ctx, t, cluster.ControllerOptions{Kubeconfig: kubeconfig, MetricsAuth: &auth}, ns, args...)
+	return framework.StartController(ctx, t, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: kubeconfig, MetricsAuth: &auth}, ns, args...)
 }
 
 // getMetrics sends one GET to url with token ("" for none) on a new
@@ -112,10 +112,10 @@ func mustRefuse(ctx context.Context, t *testing.T, p *cluster.ControllerProcess,
 // controller makes the reviews with deploy/rbac.yaml's grants only.
 func TestMetricsAuth(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, stranger := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader})
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "scraped", 1), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "scraped", 1), 30*time.Second)
 
 	mustRefuse(ctx, t, p, "", http.StatusUnauthorized, "no token")
 	mustRefuse(ctx, t, p, "not-a-token", http.StatusUnauthorized, "a token the apiserver does not know")
@@ -152,7 +152,7 @@ func TestMetricsAuth(t *testing.T) {
 // new connections get the new certificate without a restart.
 func TestMetricsCertFromFiles(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
@@ -217,7 +217,7 @@ func TestMetricsCertFromFiles(t *testing.T) {
 // again, the same token reads the metrics (a failure is not cached).
 func TestMetricsReviewsUnavailable(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	var cut atomic.Value // which review's requests the proxy drops: "tokenreviews", "subjectaccessreviews" or ""
 	cut.Store("tokenreviews")
@@ -258,7 +258,7 @@ func TestMetricsReviewsUnavailable(t *testing.T) {
 // forbidden review.
 func TestMetricsWithoutReviewPermission(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	kc := withoutRule(t, "uuid-controller-no-reviews", "tokenreviews")
 	p := startSecureController(ctx, t, kc, ns, cluster.MetricsAuth{Token: reader})

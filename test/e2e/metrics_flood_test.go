@@ -40,7 +40,7 @@ const (
 // machine's figure as much as the controller's, and not asserted.
 func TestMetricsTokenFlood(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader})
 	assigned := watchAssigned(ctx, t, ns)
@@ -48,7 +48,7 @@ func TestMetricsTokenFlood(t *testing.T) {
 	for j := range 10 {
 		name := fmt.Sprintf("idle-%d", j)
 		start := time.Now()
-		createUuids(ctx, t, ns, name, 1)
+		env.fw.CreateUuids(ctx, t, ns, name, 1)
 		at, ok := assigned.at(ctx, name+"-0", 30*time.Second)
 		if !ok {
 			t.Fatalf("%s-0 has no UUID 30 s after its create, before any flood", name)
@@ -83,7 +83,7 @@ func TestMetricsTokenFlood(t *testing.T) {
 		name := fmt.Sprintf("flood-%d", i)
 		i++
 		created[name] = time.Now()
-		if _, err := uuids(ns).Create(ctx, framework.NewUuid(name), metav1.CreateOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Create(ctx, framework.NewUuid(name), metav1.CreateOptions{}); err != nil {
 			t.Errorf("create %s: %v", name, err)
 		}
 	})
@@ -99,7 +99,7 @@ func TestMetricsTokenFlood(t *testing.T) {
 	scrapes.check(t, "the legitimate scraper during the flood", http.StatusOK)
 	t.Logf("the controller logged %d lines during the flood", lines)
 	if lines >= maxFloodLines {
-		t.Errorf("the controller logged %d lines during the flood, want fewer than %d; the last ones:\n%s", lines, maxFloodLines, lastLines(p.Output(), 5))
+		t.Errorf("the controller logged %d lines during the flood, want fewer than %d; the last ones:\n%s", lines, maxFloodLines, framework.LastLines(p.Output(), 5))
 	}
 	names := slices.Sorted(maps.Keys(created))
 	var took []time.Duration
@@ -191,7 +191,7 @@ type assignedTimes struct {
 
 func watchAssigned(ctx context.Context, t *testing.T, ns string) *assignedTimes {
 	t.Helper()
-	w, err := uuids(ns).Watch(ctx, metav1.ListOptions{})
+	w, err := env.fw.Uuids(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,10 +233,4 @@ func roundAll(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(100 * time.Microsecond)
 	}
 	return out
-}
-
-// lastLines is the last n lines of s.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

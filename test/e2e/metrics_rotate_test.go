@@ -18,7 +18,7 @@ import (
 // address has its own share of the new-token review budget.
 func TestMetricsRotatedTokenDuringFlood(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader})
 	rotated, err := env.cluster.ServiceAccountToken(ctx, ns, "metrics-reader")

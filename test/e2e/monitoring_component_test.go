@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestMonitoringComponent: deploy/ with the deploy/monitoring component,
@@ -28,10 +29,7 @@ import (
 // against its Go types by hack/prometheus).
 func TestMonitoringComponent(t *testing.T) {
 	ctx := testCtx(t)
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	objs, _ := renderOverlay(t, componentOverlay(t, root, "deploy/monitoring", ""))
 	byKind := map[string]*unstructured.Unstructured{}
 	var core []string
@@ -128,18 +126,12 @@ func TestMonitoringComponent(t *testing.T) {
 	t.Cleanup(func() {
 		_ = env.kube.RbacV1().ClusterRoleBindings().Delete(t.Context(), created.Name, metav1.DeleteOptions{})
 	})
-	review, err := env.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:                  "system:serviceaccount:" + secret.Namespace + ":" + sa,
-			Groups:                []string{"system:serviceaccounts"},
-			NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !review.Status.Allowed {
-		t.Errorf("the apiserver does not let %s/%s get /metrics: %+v", secret.Namespace, sa, review.Status)
+	if err := env.fw.WaitAllowed(ctx, 10*time.Second, "the apiserver to let "+sa+" get /metrics", authorizationv1.SubjectAccessReviewSpec{
+		User:                  "system:serviceaccount:" + secret.Namespace + ":" + sa,
+		Groups:                []string{"system:serviceaccounts"},
+		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
+	}); err != nil {
+		t.Error(err)
 	}
 
 	var cm corev1.ConfigMap
@@ -168,6 +160,6 @@ func TestMonitoringComponent(t *testing.T) {
 	if err := os.WriteFile(coreFile, []byte(strings.Join(docs, "\n---\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, "apply", "--dry-run=server", "-f", coreFile)
+	framework.Kubectl(t, env.cluster, "apply", "--dry-run=server", "-f", coreFile)
 	t.Logf("%d objects; the apiserver accepts %d: %v", len(objs), len(core), core)
 }

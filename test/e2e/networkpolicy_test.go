@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // componentOverlay writes a user's overlay: deploy/ with the kustomize
@@ -46,7 +47,7 @@ func componentOverlay(t *testing.T, root, component, extra string) string {
 func renderOverlay(t *testing.T, overlay string) ([]*unstructured.Unstructured, string) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "rendered.yaml")
-	if err := os.WriteFile(file, []byte(kubectl(t, "kustomize", overlay)), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(framework.Kubectl(t, env.cluster, "kustomize", overlay)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	objs, err := cluster.ReadObjects(file)
@@ -113,10 +114,7 @@ func fromUnstructured(t *testing.T, u *unstructured.Unstructured, into any) {
 // blocked is the network plugin's work: this cluster has none.
 func TestNetworkPolicyComponent(t *testing.T) {
 	ctx := testCtx(t)
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	for _, metricsNS := range []string{"", "prometheus"} {
 		np, d, _ := renderNetworkPolicy(t, networkPolicyOverlay(t, root, metricsNS))
 		checkNetworkPolicy(t, np, d, cmp.Or(metricsNS, "monitoring"))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/demo-operator/uuid-controller/internal/testflood"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestProbesUnderHeldRequests: for 60 s, 1,100 connections from 35
@@ -19,8 +20,8 @@ import (
 // and the controller's memory grows by at most 30 MiB.
 func TestProbesUnderHeldRequests(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns)
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 	before, err := p.RSS()
 	if err != nil {
 		t.Fatal(err)
@@ -59,14 +60,14 @@ func TestProbesUnderHeldRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("flood: %d connections made in 60 s, %d closed by the server; controller RSS %s before, peak %s: +%s",
-		dials, closed, mib(before), mib(peak), mib(peak-before))
+		dials, closed, framework.MiB(before), framework.MiB(peak), framework.MiB(peak-before))
 	if dials < 1100 {
 		t.Errorf("the flood made only %d connections, want at least 1,100 held", dials)
 	}
 	healthz.check(t, "/healthz from "+goodAddr.String()+" during the flood", http.StatusOK)
 	readyz.check(t, "/readyz from "+goodAddr.String()+" during the flood", http.StatusOK)
 	if peak-before > maxRSSGrowth {
-		t.Errorf("controller RSS grew by %s under the flood, want at most %s", mib(peak-before), mib(maxRSSGrowth))
+		t.Errorf("controller RSS grew by %s under the flood, want at most %s", framework.MiB(peak-before), framework.MiB(maxRSSGrowth))
 	}
 	mustStayRunning(t, p)
 }

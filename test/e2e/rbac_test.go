@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // withoutRule returns a ServiceAccount kubeconfig whose ClusterRole is
@@ -67,12 +68,12 @@ func withoutRule(t *testing.T, name, resource string) string {
 // its UUID on the next retry, with no restart and no update of the object.
 func TestForbiddenStatusPatch(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	const sa = "uuid-controller-no-status"
 	kc := withoutRule(t, sa, "uuid/status")
 	const maxDelay = time.Second
-	p := startControllerAs(ctx, t, kc, ns, "--error-after", "3", "--max-retry-delay", maxDelay.String())
-	createUuids(ctx, t, ns, "denied", 1)
+	p := framework.StartController(ctx, t, controllerAs(kc), ns, "--error-after", "3", "--max-retry-delay", maxDelay.String())
+	env.fw.CreateUuids(ctx, t, ns, "denied", 1)
 
 	warning := waitWarning(ctx, t, ns, "denied-0", "UUIDFailed")
 	if !strings.Contains(warning.Message, "forbidden") || !strings.Contains(warning.Message, "uuid/status") {
@@ -129,7 +130,7 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	if d := controllerMetric(ctx, t, p, "uuid_controller_dropped_total", nil); d != 0 {
 		t.Errorf("dropped_total = %v, want 0: a missing grant is retried, not given up", d)
 	}
-	if _, id := status(ctx, t, ns, "denied-0"); id != "" {
+	if _, id := env.fw.Status(ctx, t, ns, "denied-0"); id != "" {
 		t.Errorf("status.uuid = %q without permission to write it", id)
 	}
 	mustStayRunning(t, p)
@@ -144,7 +145,7 @@ func TestForbiddenStatusPatch(t *testing.T) {
 	if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUUIDs(ctx, t, ns, []string{"denied-0"}, 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, []string{"denied-0"}, 30*time.Second)
 	if d := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 1); d != 1 {
 		t.Errorf("uuids_assigned_total = %v, want 1", d)
 	}
@@ -161,11 +162,11 @@ func TestForbiddenStatusPatch(t *testing.T) {
 // retried, and the controller says in its log why its Events are missing.
 func TestNoEventPermission(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	kc := withoutRule(t, "uuid-controller-no-events", "events")
 	// --event-level Normal: every assignment tries to post an Event.
-	p := startControllerAs(ctx, t, kc, ns, "--event-level", "Normal")
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "quiet", 5), 30*time.Second)
+	p := framework.StartController(ctx, t, controllerAs(kc), ns, "--event-level", "Normal")
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "quiet", 5), 30*time.Second)
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		out := p.Output()
 		// klog quotes the error, so its own quotes come escaped.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -53,17 +54,17 @@ func waitHeld(t *testing.T, held *atomic.Int32, n int32) {
 // signal exits at once, for an operator who will not wait.
 func TestShutdownWithStalledWrite(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	viaProxy, held := stallingProxy(t)
-	createUuids(ctx, t, ns, "stalled", 1)
+	env.fw.CreateUuids(ctx, t, ns, "stalled", 1)
 
-	bounded := startControllerAs(ctx, t, viaProxy, ns, "--shutdown-timeout", "2s")
+	bounded := framework.StartController(ctx, t, controllerAs(viaProxy), ns, "--shutdown-timeout", "2s")
 	waitHeld(t, held, 1)
 	if code := sigterm(t, bounded, 15*time.Second); code != 1 || !strings.Contains(bounded.Output(), "workers still busy after 2s") {
 		t.Errorf("exit code %d (want 1), and the log should say the workers were still busy:\n%s", code, bounded.Output())
 	}
 
-	patient := startControllerAs(ctx, t, viaProxy, ns, "--shutdown-timeout", "10m")
+	patient := framework.StartController(ctx, t, controllerAs(viaProxy), ns, "--shutdown-timeout", "10m")
 	waitHeld(t, held, 2)
 	if err := patient.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // resyncWitness is an object held in its deletion by kopf's finalizer. A
@@ -28,7 +29,7 @@ func newResyncWitness(ctx context.Context, t *testing.T, ns string) *resyncWitne
 	w := &resyncWitness{ns: ns, name: "resync-witness"}
 	createBare(ctx, t, ns, w.name, kopfFinalizer)
 	t.Cleanup(func() { dropFinalizers(ns, w.name) })
-	waitUUIDs(ctx, t, ns, []string{w.name}, 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, []string{w.name}, 30*time.Second)
 	deleteUuid(ctx, t, ns, w.name)
 	return w
 }
@@ -60,12 +61,12 @@ func (w *resyncWitness) waitResyncs(t *testing.T, ps ...*cluster.ControllerProce
 // sends another status write.
 func TestUUIDIsStable(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	p := startController(ctx, t, ns, "--resync", "1s")
+	ns := env.fw.NewNamespace(ctx, t)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, "--resync", "1s")
 	witness := newResyncWitness(ctx, t, ns)
-	names := createUuids(ctx, t, ns, "stable", 5)
-	want := waitUUIDs(ctx, t, ns, names, 30*time.Second)
-	writes := apiStatusWrites(ctx, t)
+	names := env.fw.CreateUuids(ctx, t, ns, "stable", 5)
+	want := env.fw.WaitUUIDs(ctx, t, ns, names, 30*time.Second)
+	writes := settled(t, func() (float64, error) { return env.cluster.APIStatusWrites(ctx) })
 
 	// After each step, two resyncs of every running replica (the
 	// witness's log lines), then the counts: the witness's one write and
@@ -73,10 +74,10 @@ func TestUUIDIsStable(t *testing.T) {
 	unchanged := func(step string, ps ...*cluster.ControllerProcess) {
 		t.Helper()
 		witness.waitResyncs(t, ps...)
-		if got := waitUUIDs(ctx, t, ns, names, time.Second); !maps.Equal(got, want) {
+		if got := env.fw.WaitUUIDs(ctx, t, ns, names, time.Second); !maps.Equal(got, want) {
 			t.Errorf("after %s: UUIDs changed from %v to %v", step, want, got)
 		}
-		if got := apiStatusWrites(ctx, t); got != writes {
+		if got := settled(t, func() (float64, error) { return env.cluster.APIStatusWrites(ctx) }); got != writes {
 			t.Errorf("after %s: the apiserver counted %v more status writes, want 0", step, got-writes)
 		}
 		if got := auditedStatusPatches(t, ns, 0); got != len(names)+1 {
@@ -87,7 +88,7 @@ func TestUUIDIsStable(t *testing.T) {
 	// A user's update of spec and labels, through the main resource.
 	for _, n := range names {
 		patch := `{"metadata":{"labels":{"touched":"yes"}},"spec":{"size":3}}`
-		if _, err := uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Patch(ctx, n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatalf("update %s: %v", n, err)
 		}
 	}
@@ -100,16 +101,16 @@ func TestUUIDIsStable(t *testing.T) {
 	if code, took := p.Stop(); code != 0 {
 		t.Fatalf("controller exit code %d after %s", code, took)
 	}
-	p = startController(ctx, t, ns, "--resync", "1s")
+	p = framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, "--resync", "1s")
 	unchanged("a restart", p)
 
-	second := startController(ctx, t, ns, "--resync", "1s")
+	second := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns, "--resync", "1s")
 	unchanged("a second replica started", p, second)
 
 	// Both replicas race for new objects (no leader election): the
 	// resourceVersion precondition lets exactly one write land per object.
-	more := createUuids(ctx, t, ns, "raced", 20)
-	waitUUIDs(ctx, t, ns, more, 30*time.Second)
+	more := env.fw.CreateUuids(ctx, t, ns, "raced", 20)
+	env.fw.WaitUUIDs(ctx, t, ns, more, 30*time.Second)
 	// Both have worked their queues through two resyncs since.
 	witness.waitResyncs(t, p, second)
 	// 5 objects from before and the witness, and one write for each new one.
@@ -139,12 +140,12 @@ func TestUUIDIsStable(t *testing.T) {
 // all get a UUID, one write each, once it starts.
 func TestObjectsCreatedWhileDown(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	names := createUuids(ctx, t, ns, "early", 50)
-	writes := apiStatusWrites(ctx, t)
-	p := startController(ctx, t, ns)
-	waitUUIDs(ctx, t, ns, names, 60*time.Second)
-	if got := apiStatusWrites(ctx, t) - writes; got != float64(len(names)) {
+	ns := env.fw.NewNamespace(ctx, t)
+	names := env.fw.CreateUuids(ctx, t, ns, "early", 50)
+	writes := settled(t, func() (float64, error) { return env.cluster.APIStatusWrites(ctx) })
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	env.fw.WaitUUIDs(ctx, t, ns, names, 60*time.Second)
+	if got := settled(t, func() (float64, error) { return env.cluster.APIStatusWrites(ctx) }) - writes; got != float64(len(names)) {
 		t.Errorf("%v status writes for %d objects, want one each", got, len(names))
 	}
 	if got := auditedReaches(t, ns, 0, len(names)); got != len(names) {

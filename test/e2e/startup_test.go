@@ -84,7 +84,7 @@ func TestStartupErrors(t *testing.T) {
 // instead of crashing or reporting ready with an empty cache.
 func TestNoListPermissionIsNotReady(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	kc, err := env.cluster.ServiceAccountKubeconfig(ctx, cluster.ControllerNamespace, "no-permissions")
 	if err != nil {
 		t.Fatal(err)

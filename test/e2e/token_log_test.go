@@ -21,7 +21,7 @@ import (
 // joined across lines and decoded, or in base64 at any alignment.
 func TestNoTokenInLog(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	reader, _ := metricsTokens(ctx, t, ns)
 	p := startSecureController(ctx, t, env.kubeconfig, ns, cluster.MetricsAuth{Token: reader}, "-v=10")
 	if code, _ := getMetrics(ctx, t, p.MetricsURL(), reader, nil); code != http.StatusOK {

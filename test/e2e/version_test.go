@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // TestVersion: `make build` stamps the binary with git describe and the
@@ -16,10 +16,7 @@ import (
 // (as go install or go run build it) still names its commit, from what the
 // Go toolchain recorded.
 func TestVersion(t *testing.T) {
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := framework.RepoRoot(t)
 	git := func(args ...string) string {
 		cmd := exec.Command("git", args...)
 		cmd.Dir = root

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // crdSwitchWithin bounds how long a running controller takes to follow a
@@ -66,11 +68,11 @@ func controllerListsAndWatches(t *testing.T, ns string) (lists, watches []url.Va
 // objects get one UUID and one write each.
 func TestWatchMode(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	before := createUuids(ctx, t, ns, "before", 5)
-	p := startController(ctx, t, ns)
-	waitUUIDs(ctx, t, ns, before, 30*time.Second)
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "after", 5), 30*time.Second)
+	ns := env.fw.NewNamespace(ctx, t)
+	before := env.fw.CreateUuids(ctx, t, ns, "before", 5)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	env.fw.WaitUUIDs(ctx, t, ns, before, 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "after", 5), 30*time.Second)
 
 	narrowed := !cluster.FullWatch()
 	want, wantSel, wantLog := 1.0, pendingSelector, "Watching only the Uuid objects still waiting for a UUID"
@@ -127,7 +129,7 @@ func TestWatchMode(t *testing.T) {
 // write each.
 func TestWatchFollowsTheCRD(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -138,11 +140,11 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	if err := env.cluster.InstallCRDWithoutSelectableFields(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := startController(ctx, t, ns)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
 	if v := metricWithin(ctx, t, p, "uuid_controller_watch_narrowed", 0, 10*time.Second); v != 0 {
 		t.Fatalf("uuid_controller_watch_narrowed = %v on a CRD without the selectable field, want 0", v)
 	}
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "full", 3), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "full", 3), 30*time.Second)
 
 	if err := env.cluster.InstallCRDWithSelectableFields(ctx); err != nil {
 		t.Fatal(err)
@@ -152,7 +154,7 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 		t.Fatalf("uuid_controller_watch_narrowed = %v %s after crd.yaml was applied, want 1", v, crdSwitchWithin)
 	}
 	t.Logf("narrowed %s after crd.yaml was applied", time.Since(start).Round(100*time.Millisecond))
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "narrowed", 3), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "narrowed", 3), 30*time.Second)
 
 	if err := env.cluster.InstallCRDWithoutSelectableFields(ctx); err != nil {
 		t.Fatal(err)
@@ -162,7 +164,7 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 		t.Fatalf("uuid_controller_watch_narrowed = %v %s after the selectable field was removed, want 0", v, crdSwitchWithin)
 	}
 	t.Logf("back to the full watch %s after the field was removed", time.Since(start).Round(100*time.Millisecond))
-	waitUUIDs(ctx, t, ns, createUuids(ctx, t, ns, "full-again", 3), 30*time.Second)
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "full-again", 3), 30*time.Second)
 
 	if n := strings.Count(p.Output(), "switched=true"); n != 2 {
 		t.Errorf("the log says %d switches, want 2:\n%s", n, p.Output())
@@ -185,21 +187,21 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 // each with one write; the sweep says what it found on its metrics.
 func TestInvalidUUIDsReplaced(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
+	ns := env.fw.NewNamespace(ctx, t)
 	useArticleCRD(ctx, t)
 	bad := map[string]string{"na": "NA", "word": "not-a-uuid"}
 	for name, id := range bad {
 		createBare(ctx, t, ns, name)
 		patch := `{"status":{"state":"Erreur","message":"boom","uuid":"` + id + `"}}`
-		if _, err := uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if _, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := env.cluster.InstallCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := startController(ctx, t, ns)
-	got := waitUUIDs(ctx, t, ns, []string{"na", "word"}, 30*time.Second)
+	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
+	got := env.fw.WaitUUIDs(ctx, t, ns, []string{"na", "word"}, 30*time.Second)
 	for name, id := range got {
 		if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
 			t.Errorf("%s: status.uuid %q, want a UUID", name, id)
@@ -231,8 +233,8 @@ func TestInvalidUUIDsReplaced(t *testing.T) {
 // object that has none.
 func TestUUIDCannotBeSwapped(t *testing.T) {
 	ctx := testCtx(t)
-	ns := newNamespace(ctx, t)
-	name := createUuids(ctx, t, ns, "swap", 1)[0]
+	ns := env.fw.NewNamespace(ctx, t)
+	name := env.fw.CreateUuids(ctx, t, ns, "swap", 1)[0]
 	first, other := uuid.NewString(), uuid.NewString()
 	if err := patchStatus(ctx, ns, name, `{"status":{"uuid":"`+first+`"}}`); err != nil {
 		t.Fatalf("setting a first UUID: %v", err)
@@ -240,25 +242,25 @@ func TestUUIDCannotBeSwapped(t *testing.T) {
 	writes := map[string]func() error{
 		"merge patch": func() error { return patchStatus(ctx, ns, name, `{"status":{"uuid":"`+other+`"}}`) },
 		"JSON patch": func() error {
-			_, err := uuids(ns).Patch(ctx, name, types.JSONPatchType,
+			_, err := env.fw.Uuids(ns).Patch(ctx, name, types.JSONPatchType,
 				[]byte(`[{"op":"replace","path":"/status/uuid","value":"`+other+`"}]`), metav1.PatchOptions{}, "status")
 			return err
 		},
 		"PUT of /status": func() error {
-			u, err := uuids(ns).Get(ctx, name, metav1.GetOptions{})
+			u, err := env.fw.Uuids(ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
 			if err := unstructured.SetNestedField(u.Object, other, "status", "uuid"); err != nil {
 				return err
 			}
-			_, err = uuids(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+			_, err = env.fw.Uuids(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{})
 			return err
 		},
 		"server-side apply": func() error {
 			apply := `{"apiVersion":"demo.operator/v1","kind":"Uuid","metadata":{"name":"` + name + `"},"status":{"uuid":"` + other + `"}}`
 			force := true
-			_, err := uuids(ns).Patch(ctx, name, types.ApplyPatchType, []byte(apply),
+			_, err := env.fw.Uuids(ns).Patch(ctx, name, types.ApplyPatchType, []byte(apply),
 				metav1.PatchOptions{FieldManager: "swapper", Force: &force}, "status")
 			return err
 		},
@@ -271,7 +273,7 @@ func TestUUIDCannotBeSwapped(t *testing.T) {
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "cannot be changed to another UUID") {
 			t.Errorf("%s replacing the UUID: err = %v, want 422 naming the rule", what, err)
 		}
-		if _, id := status(ctx, t, ns, name); id != first {
+		if _, id := env.fw.Status(ctx, t, ns, name); id != first {
 			t.Fatalf("after the %s: status.uuid = %q, want %q kept", what, id, first)
 		}
 	}
@@ -280,5 +282,57 @@ func TestUUIDCannotBeSwapped(t *testing.T) {
 	}
 	if err := patchStatus(ctx, ns, name, `{"status":{"uuid":"`+other+`"}}`); err != nil {
 		t.Errorf("giving a UUID to an object that has none: %v", err)
+	}
+}
+
+// TestExpiredContinueGoesOn: what the controller's sweep relies on to
+// finish over a million objects. Once etcd is compacted past a paginated
+// list's revision (every 5 minutes, which such a sweep outlasts), the next
+// page is refused with 410 Expired, and the refusal carries a token that
+// goes on from the same key, at the latest revision. (The sweep's own
+// handling of it: TestSweepGoesOnAfterExpiredToken.)
+func TestExpiredContinueGoesOn(t *testing.T) {
+	ctx := testCtx(t)
+	ns := env.fw.NewNamespace(ctx, t)
+	for _, name := range []string{"a", "b", "c"} {
+		createBare(ctx, t, ns, name)
+	}
+	first, err := env.fw.Uuids(ns).List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Items) != 1 || first.Items[0].GetName() != "a" || first.GetContinue() == "" {
+		t.Fatalf("first page: %d items, continue %q; want a, and a token", len(first.Items), first.GetContinue())
+	}
+	createBare(ctx, t, ns, "d") // a revision after the page's
+	if _, err := env.cluster.CompactEtcd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The watch cache answers a token whose revision it still holds a
+	// snapshot of; a restarted one holds none, so etcd answers, as it does
+	// for a page whose snapshot left the cache's history.
+	if err := env.cluster.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = env.fw.Uuids(ns).List(ctx, metav1.ListOptions{Limit: 1, Continue: first.GetContinue()})
+	var status apierrors.APIStatus
+	if !apierrors.IsResourceExpired(err) || !errors.As(err, &status) || status.Status().Continue == "" {
+		t.Fatalf("next page after compaction: %v; want 410 Expired carrying a continue token", err)
+	}
+	var names []string
+	for opts := (metav1.ListOptions{Limit: 1, Continue: status.Status().Continue}); ; {
+		page, err := env.fw.Uuids(ns).List(ctx, opts)
+		if err != nil {
+			t.Fatalf("going on from the 410's token: %v", err)
+		}
+		for _, u := range page.Items {
+			names = append(names, u.GetName())
+		}
+		if opts.Continue = page.GetContinue(); opts.Continue == "" {
+			break
+		}
+	}
+	if got := strings.Join(names, ","); got != "b,c,d" {
+		t.Errorf("pages from the 410's token hold %s, want b,c,d (after a, at the latest revision)", got)
 	}
 }

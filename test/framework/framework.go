@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -201,11 +202,17 @@ func (c Clients) WaitUUIDs(ctx context.Context, t *testing.T, ns string, names [
 	return got
 }
 
-// LaunchController starts the controller as opts say and stops it when
-// the test ends, logging its output if the test failed. It does not wait
-// for readiness.
-func LaunchController(ctx context.Context, t *testing.T, opts cluster.ControllerOptions) *cluster.ControllerProcess {
+// LaunchController starts the controller as opts say (opts.Binary and
+// opts.Kubeconfig set by the caller), at -v 2, watching only namespace ns
+// ("" watches every namespace, as deployed), with args after opts.Args. It
+// stops the controller when the test ends, logging its output if the test
+// failed, and does not wait for readiness.
+func LaunchController(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
 	t.Helper()
+	if ns != "" {
+		args = append([]string{"--namespace", ns}, args...)
+	}
+	opts.Args = append(append([]string{"-v", "2"}, opts.Args...), args...)
 	p, err := cluster.StartController(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -217,4 +224,52 @@ func LaunchController(ctx context.Context, t *testing.T, opts cluster.Controller
 		}
 	})
 	return p
+}
+
+// StartController is LaunchController, then waits up to a minute for the
+// controller to be ready (its cache synced).
+func StartController(ctx context.Context, t *testing.T, opts cluster.ControllerOptions, ns string, args ...string) *cluster.ControllerProcess {
+	t.Helper()
+	p := LaunchController(ctx, t, opts, ns, args...)
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// LeaseHolder reads the Lease ns/name and returns it with its holder
+// identity, "" when no one holds it. It returns the error rather than
+// failing the test so that a poll can retry it.
+func (c Clients) LeaseHolder(ctx context.Context, ns, name string) (*coordinationv1.Lease, string, error) {
+	l, err := c.Kube.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", fmt.Errorf("get lease %s/%s: %w", ns, name, err)
+	}
+	if l.Spec.HolderIdentity == nil {
+		return l, "", nil
+	}
+	return l, *l.Spec.HolderIdentity, nil
+}
+
+// Kubectl is c.Kubectl for a command that must succeed: it returns the
+// output and fails the test otherwise. It runs even in a t.Cleanup, after
+// t's context has ended.
+func Kubectl(t *testing.T, c *cluster.Cluster, args ...string) string {
+	t.Helper()
+	out, err := c.Kubectl(context.WithoutCancel(t.Context()), args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// RepoRoot is the repository root (cluster.RepoRoot), failing the test
+// when the working directory is outside the repository.
+func RepoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,10 +14,16 @@ const pollInterval = 100 * time.Millisecond
 
 // Poll calls check every 100 ms until it returns nil, and fails with its
 // last error, naming what it waited for, once timeout passes or ctx ends.
+// A call the deadline cut short does not hide the error before it.
 func Poll(ctx context.Context, timeout time.Duration, what string, check func(context.Context) error) error {
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, pollInterval, timeout, true, func(ctx context.Context) (bool, error) {
-		last = check(ctx)
+		err := check(ctx)
+		if err != nil && last != nil && ctx.Err() != nil {
+			// The deadline cut this call short: the call before says why.
+			return false, nil
+		}
+		last = err
 		return last == nil, nil
 	})
 	if err != nil {
@@ -24,6 +31,20 @@ func Poll(ctx context.Context, timeout time.Duration, what string, check func(co
 	}
 	return nil
 }
+
+// PollTrue is Poll for a condition that has no error of its own: it
+// waits until cond returns true.
+func PollTrue(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	return Poll(ctx, timeout, what, func(context.Context) error {
+		if !cond() {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+// errNotYet is PollTrue's last error while cond is false.
+var errNotYet = errors.New("not yet")
 
 // Reaches calls read every 50 ms for up to 5 s until it returns want, and
 // returns its last value: a count read right after a client saw a status

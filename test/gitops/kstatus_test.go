@@ -80,7 +80,7 @@ func TestKstatusCurrentOnceAssigned(t *testing.T) {
 		t.Errorf("kstatus of an object not yet written = %s (%s), want InProgress", res.Status, res.Message)
 	}
 
-	startController(ctx, t, ns)
+	framework.StartController(ctx, t, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: env.kubeconfig}, ns)
 	create(ctx, t, ns, "new")
 	for _, name := range []string{"early", "new"} {
 		res := waitStatus(ctx, t, ns, name, status.CurrentStatus)
@@ -109,7 +109,7 @@ func TestKstatusOnFailure(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = remove(context.WithoutCancel(ctx)) })
 			create(ctx, t, ns, "failing")
-			startController(ctx, t, ns, "--error-after", "3", "--max-retry-delay", "1s")
+			framework.StartController(ctx, t, cluster.ControllerOptions{Binary: env.binary, Kubeconfig: env.kubeconfig}, ns, "--error-after", "3", "--max-retry-delay", "1s")
 
 			// InProgress is also what the CRD's default says before the
 			// first write; the message tells the reported failure apart.
@@ -124,19 +124,6 @@ func TestKstatusOnFailure(t *testing.T) {
 			}
 			waitStatus(ctx, t, ns, "failing", status.CurrentStatus)
 		})
-	}
-}
-
-// startController runs the controller as its ServiceAccount on namespace
-// ns until the test ends.
-func startController(ctx context.Context, t *testing.T, ns string, args ...string) {
-	t.Helper()
-	p := framework.LaunchController(ctx, t, cluster.ControllerOptions{
-		Binary: env.binary, Kubeconfig: env.kubeconfig,
-		Args: append([]string{"--namespace", ns, "-v", "2"}, args...),
-	})
-	if err := p.WaitReady(ctx, time.Minute); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,7 +39,7 @@ func TestEvictionWhileNotReady(t *testing.T) {
 	}
 	// The PDB's status is the disruption controller's view; eviction reads
 	// it, so wait for it to count no healthy pod too.
-	if err := poll(ctx, 2*time.Minute, "both replicas unready and the PDB counting none healthy", func(ctx context.Context) error {
+	if err := framework.Poll(ctx, 2*time.Minute, "both replicas unready and the PDB counting none healthy", func(ctx context.Context) error {
 		pods, err := controllerPods(ctx)
 		if err != nil {
 			return err
@@ -64,7 +65,7 @@ func TestEvictionWhileNotReady(t *testing.T) {
 	if err := env.Kube.PolicyV1().Evictions(ns).Evict(ctx, ev); err != nil {
 		t.Fatalf("evicting unready pod %s: %v", victim, err)
 	}
-	if err := poll(ctx, time.Minute, "the evicted pod to go", func(ctx context.Context) error {
+	if err := framework.Poll(ctx, time.Minute, "the evicted pod to go", func(ctx context.Context) error {
 		p, err := env.Kube.CoreV1().Pods(ns).Get(ctx, victim, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil

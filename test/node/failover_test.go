@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -27,10 +28,10 @@ func TestLeaderPodDeleted(t *testing.T) {
 	t.Logf("leader %s, standby %s", leaderName, standby)
 	leaseDuration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
 
-	objNS := newNamespace(ctx, t)
-	before := createUuids(ctx, t, objNS, "before", 20)
-	waitUUIDs(ctx, t, objNS, before, time.Minute)
-	ids := watchUUIDs(ctx, t, objNS)
+	objNS := env.NewNamespace(ctx, t)
+	before := env.CreateUuids(ctx, t, objNS, "before", 20)
+	env.WaitUUIDs(ctx, t, objNS, before, time.Minute)
+	ids := env.WatchUUIDs(ctx, t, objNS)
 	leases := watchLease(ctx, t)
 	exit := watchExitCode(t, leader)
 
@@ -38,13 +39,13 @@ func TestLeaderPodDeleted(t *testing.T) {
 	if err := env.Kube.CoreV1().Pods(ns).Delete(ctx, leader.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	during := createUuids(ctx, t, objNS, "during", 20)
+	during := env.CreateUuids(ctx, t, objNS, "during", 20)
 
 	// The next leader is the standby, or the Deployment's replacement pod
 	// when it starts and asks first: after a release, whichever replica
 	// tries first wins, and the standby tries every retry period (2 s).
 	var next leaseObservation
-	if err := poll(ctx, 2*leaseDuration, "another replica to take the lease", func(context.Context) error {
+	if err := framework.Poll(ctx, 2*leaseDuration, "another replica to take the lease", func(context.Context) error {
 		for _, o := range leases.observations() {
 			if o.holder != "" && holderPod(o.lease) != leaderName {
 				next = o
@@ -79,7 +80,7 @@ func TestLeaderPodDeleted(t *testing.T) {
 
 	leases.check(t)
 	names := append(before, during...)
-	waitUUIDs(ctx, t, objNS, names, time.Minute)
+	env.WaitUUIDs(ctx, t, objNS, names, time.Minute)
 	// Sized, so that an audit filter that matched nothing fails.
 	writes := statusWrites(t, objNS)
 	if len(writes) != len(names) {
@@ -90,7 +91,7 @@ func TestLeaderPodDeleted(t *testing.T) {
 			t.Errorf("%s/%s: %d status writes, want 1", objNS, name, n)
 		}
 	}
-	ids.check(t)
+	ids.CheckUnchanged(t)
 	code, err := exit.wait(time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/demo-operator/uuid-controller/internal/kopf"
@@ -52,16 +53,16 @@ func TestHelmChart(t *testing.T) {
 	if err := waitRolledOut(ctx); err != nil {
 		t.Fatal(err)
 	}
-	objNS := newNamespace(ctx, t)
-	names := createUuids(ctx, t, objNS, "obj", helmObjects)
-	before := waitUUIDs(ctx, t, objNS, names, 2*time.Minute)
+	objNS := env.NewNamespace(ctx, t)
+	names := env.CreateUuids(ctx, t, objNS, "obj", helmObjects)
+	before := env.WaitUUIDs(ctx, t, objNS, names, 2*time.Minute)
 	// The audit log holds each object's one write, or "no write since"
 	// below matches nothing and proves nothing.
 	writesBefore := statusWrites(t, objNS)
 	if len(writesBefore) != helmObjects {
 		t.Fatalf("the audit log shows status writes to %d objects in %s, want %d", len(writesBefore), objNS, helmObjects)
 	}
-	ids := watchUUIDs(ctx, t, objNS)
+	ids := env.WatchUUIDs(ctx, t, objNS)
 
 	removeKustomizeInstall(ctx, t)
 	t.Cleanup(func() { restoreKustomizeInstall(t) })
@@ -73,47 +74,63 @@ func TestHelmChart(t *testing.T) {
 	} else if !strings.Contains(out, "Check the install:") {
 		t.Errorf("helm install printed no NOTES.txt:\n%s", out)
 	}
-	// Ready does not wait for leadership: a standby is Ready too.
-	if err := poll(ctx, time.Minute, "one of the chart's pods to hold the Lease", func(ctx context.Context) error {
-		_, holder, err := leaseHolder(ctx)
-		if err != nil {
-			return err
-		}
-		pods, err := controllerPods(ctx)
-		if err != nil {
-			return err
-		}
-		if !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Name == holder }) {
-			return fmt.Errorf("the Lease is held by %q, not a pod of the chart's", holder)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitChartLeader(ctx, t)
 	d := rolledOutReplicas(ctx, t)
 	t.Logf("helm install: both pods Ready in %s", time.Since(start).Round(time.Millisecond))
-	for _, p := range d.pods {
-		if p.Labels["app.kubernetes.io/managed-by"] != "Helm" || p.Labels["app.kubernetes.io/instance"] != release {
-			t.Errorf("pod %s: labels %v, want the chart's", p.Name, p.Labels)
-		}
-	}
-	// A fresh example, so its UUID is the chart's controller's.
-	if out, err := kubectl(ctx, "delete", "-f", "examples/uuid.yaml", "--ignore-not-found", "--wait"); err != nil {
-		t.Fatalf("kubectl delete -f examples/uuid.yaml: %v\n%s", err, out)
-	}
-	if out, err := kubectl(ctx, "apply", "-f", "examples/uuid.yaml"); err != nil {
-		t.Fatalf("kubectl apply -f examples/uuid.yaml: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		_, _ = kubectl(context.Background(), "delete", "-f", "examples/uuid.yaml", "--ignore-not-found")
-	})
-	example := waitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)["example"]
-	t.Logf("the example got its UUID %s from the chart's controller", example)
+	chartPodsLabelled(t, d)
+	example := freshExample(ctx, t)
 
 	// upgrade: another verbosity, so a new pod template.
 	exampleWrites := statusWrites(t, "default")["example"]
-	start = time.Now()
-	if out, err := helm(ctx, append([]string{"upgrade", release, chart, "--wait", "--timeout=5m", "--set", "logVerbosity=2"}, imageValues()...)...); err != nil {
+	upgradeReplacesPods(ctx, t, d, append([]string{chart}, imageValues()...)...)
+	// The new leader has gone through every object once a sentinel created
+	// now has its UUID: the queue is first in, first out.
+	sentinelNS := env.NewNamespace(ctx, t)
+	env.WaitUUIDs(ctx, t, sentinelNS, env.CreateUuids(ctx, t, sentinelNS, "sentinel", 1), 2*time.Minute)
+	for name, n := range statusWrites(t, objNS) {
+		if n != writesBefore[name] {
+			t.Errorf("%s/%s: %d status writes since deploy/'s controller assigned it", objNS, name, n-writesBefore[name])
+		}
+	}
+	if n := statusWrites(t, "default")["example"]; n != exampleWrites {
+		t.Errorf("default/example: %d status writes during the upgrade", n-exampleWrites)
+	}
+	after := env.WaitUUIDs(ctx, t, objNS, names, time.Minute)
+	for name, id := range before {
+		if after[name] != id {
+			t.Errorf("%s/%s: UUID %s became %s", objNS, name, id, after[name])
+		}
+	}
+	ids.CheckUnchanged(t)
+
+	// kopfMigration: one switch lets through a deletion held by kopf's
+	// finalizer. The controller fails closed, so the removal also proves
+	// the chart's admission policy binds the chart's ServiceAccount.
+	if out, err := helm(ctx, append([]string{"upgrade", release, chart, "--wait", "--timeout=5m", "--reuse-values", "--set", "kopfMigration.enabled=true"}, imageValues()...)...); err != nil {
+		t.Fatalf("helm upgrade --set kopfMigration.enabled=true: %v\n%s", err, out)
+	}
+	if err := waitRolledOut(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kopfHeldDeletionGoes(ctx, t, sentinelNS)
+
+	uninstallChecked(ctx, t)
+	left := env.WaitUUIDs(ctx, t, objNS, names, time.Minute)
+	for name, id := range before {
+		if left[name] != id {
+			t.Errorf("after helm uninstall %s/%s: UUID %q, want %s", objNS, name, left[name], id)
+		}
+	}
+	exampleKept(ctx, t, example)
+}
+
+// upgradeReplacesPods runs helm upgrade of the release from the chart
+// (and flags) in from with logVerbosity=2, a new pod template, and checks
+// that it rolls out pods that replace all of d's, with -v=2.
+func upgradeReplacesPods(ctx context.Context, t *testing.T, d deployed, from ...string) {
+	t.Helper()
+	start := time.Now()
+	if out, err := helm(ctx, append([]string{"upgrade", release, "--wait", "--timeout=5m", "--set", "logVerbosity=2"}, from...)...); err != nil {
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
 	if err := waitRolledOut(ctx); err != nil {
@@ -131,39 +148,73 @@ func TestHelmChart(t *testing.T) {
 			t.Errorf("pod %s: args %q, want -v=2", np.Name, args)
 		}
 	}
-	t.Logf("helm upgrade: rolled out in %s", time.Since(start).Round(time.Millisecond))
-	// The new leader has gone through every object once a sentinel created
-	// now has its UUID: the queue is first in, first out.
-	sentinelNS := newNamespace(ctx, t)
-	waitUUIDs(ctx, t, sentinelNS, createUuids(ctx, t, sentinelNS, "sentinel", 1), 2*time.Minute)
-	for name, n := range statusWrites(t, objNS) {
-		if n != writesBefore[name] {
-			t.Errorf("%s/%s: %d status writes since deploy/'s controller assigned it", objNS, name, n-writesBefore[name])
-		}
-	}
-	if n := statusWrites(t, "default")["example"]; n != exampleWrites {
-		t.Errorf("default/example: %d status writes during the upgrade", n-exampleWrites)
-	}
-	after := waitUUIDs(ctx, t, objNS, names, time.Minute)
-	for name, id := range before {
-		if after[name] != id {
-			t.Errorf("%s/%s: UUID %s became %s", objNS, name, id, after[name])
-		}
-	}
-	ids.check(t)
+	t.Logf("helm upgrade %s: rolled out in %s", from[0], time.Since(start).Round(time.Millisecond))
+}
 
-	// kopfMigration: one switch lets through a deletion held by kopf's
-	// finalizer. The controller fails closed, so the removal also proves
-	// the chart's admission policy binds the chart's ServiceAccount.
-	if out, err := helm(ctx, append([]string{"upgrade", release, chart, "--wait", "--timeout=5m", "--reuse-values", "--set", "kopfMigration.enabled=true"}, imageValues()...)...); err != nil {
-		t.Fatalf("helm upgrade --set kopfMigration.enabled=true: %v\n%s", err, out)
-	}
-	if err := waitRolledOut(ctx); err != nil {
+// waitChartLeader waits until one of the release's pods holds the Lease.
+// Ready does not wait for leadership: a standby is Ready too.
+func waitChartLeader(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := framework.Poll(ctx, time.Minute, "one of the chart's pods to hold the Lease", func(ctx context.Context) error {
+		lease, _, err := env.LeaseHolder(ctx, ns, leaseName)
+		if err != nil {
+			return err
+		}
+		holder := holderPod(lease)
+		pods, err := controllerPods(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Name == holder }) {
+			return fmt.Errorf("the Lease is held by %q, not a pod of the chart's", holder)
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	kopfHeldDeletionGoes(ctx, t, sentinelNS)
+}
 
-	// uninstall: everything the release made goes, but the CRD and its objects.
+// chartPodsLabelled fails the test unless every pod of d carries the
+// release's Helm labels.
+func chartPodsLabelled(t *testing.T, d deployed) {
+	t.Helper()
+	for _, p := range d.pods {
+		if p.Labels["app.kubernetes.io/managed-by"] != "Helm" || p.Labels["app.kubernetes.io/instance"] != release {
+			t.Errorf("pod %s: labels %v, want the chart's", p.Name, p.Labels)
+		}
+	}
+}
+
+// freshExample applies examples/uuid.yaml anew, so its UUID is the running
+// controller's, and returns that UUID.
+func freshExample(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	if out, err := env.cluster.Kubectl(ctx, "delete", "-f", "examples/uuid.yaml", "--ignore-not-found", "--wait"); err != nil {
+		t.Fatalf("kubectl delete -f examples/uuid.yaml: %v\n%s", err, out)
+	}
+	if out, err := env.cluster.Kubectl(ctx, "apply", "-f", "examples/uuid.yaml"); err != nil {
+		t.Fatalf("kubectl apply -f examples/uuid.yaml: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		_, _ = env.cluster.Kubectl(context.Background(), "delete", "-f", "examples/uuid.yaml", "--ignore-not-found")
+	})
+	id := env.WaitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)["example"]
+	t.Logf("the example got its UUID %s from the chart's controller", id)
+	return id
+}
+
+// exampleKept fails the test unless default/example still has UUID id.
+func exampleKept(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	if got := env.WaitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)["example"]; got != id {
+		t.Errorf("after helm uninstall default/example: UUID %q, want %s", got, id)
+	}
+}
+
+// uninstallChecked runs helm uninstall and checks that everything the
+// release made is gone but the CRD.
+func uninstallChecked(ctx context.Context, t *testing.T) {
+	t.Helper()
 	manifest, err := helm(ctx, "get", "manifest", release)
 	if err != nil {
 		t.Fatalf("helm get manifest: %v\n%s", err, manifest)
@@ -176,20 +227,11 @@ func TestHelmChart(t *testing.T) {
 	if err := os.WriteFile(file, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := kubectl(ctx, "get", "-f", file, "--ignore-not-found", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
+	if out, err := env.cluster.Kubectl(ctx, "get", "-f", file, "--ignore-not-found", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("after helm uninstall: %v; still there:\n%s", err, out)
 	}
-	if out, err := kubectl(ctx, "get", "crd", "uuid.demo.operator", "-o", "name"); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "get", "crd", "uuid.demo.operator", "-o", "name"); err != nil {
 		t.Errorf("the CRD is gone after helm uninstall: %v\n%s", err, out)
-	}
-	left := waitUUIDs(ctx, t, objNS, names, time.Minute)
-	for name, id := range before {
-		if left[name] != id {
-			t.Errorf("after helm uninstall %s/%s: UUID %q, want %s", objNS, name, left[name], id)
-		}
-	}
-	if id := waitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)["example"]; id != example {
-		t.Errorf("after helm uninstall default/example: UUID %q, want %s", id, example)
 	}
 }
 
@@ -211,7 +253,7 @@ func kopfHeldDeletionGoes(ctx context.Context, t *testing.T, ns string) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := poll(ctx, 2*time.Minute, "the kopf-held object to be deleted", func(ctx context.Context) error {
+	if err := framework.Poll(ctx, 2*time.Minute, "the kopf-held object to be deleted", func(ctx context.Context) error {
 		o, err := env.Uuids(ns).Get(ctx, u.GetName(), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -236,28 +278,27 @@ func imageValues() []string {
 // helm runs bin/helm as admin, with Helm's own directories in the node's
 // directory, and returns its combined output.
 func helm(ctx context.Context, args ...string) (string, error) {
-	home := filepath.Join(env.cluster.Dir(), "helm")
 	cmd := exec.CommandContext(ctx, filepath.Join(env.root, "bin", "helm"), args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig(),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+	cmd.Env = helmEnv()
 	cmd.Dir = env.root
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
+// helmEnv is the environment helm runs in: admin's kubeconfig, and Helm's
+// cache, config (registry logins) and data in the node's directory, so the
+// user's never enter a test.
+func helmEnv() []string {
+	home := filepath.Join(env.cluster.Dir(), "helm")
+	return append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig(),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+}
+
 // kustomizeInstall writes deploy/'s objects but the CRD to a file, as a
 // List, for kubectl delete: deleting the CRD would delete every Uuid object.
 func kustomizeInstall(ctx context.Context, dir string) (string, error) {
-	out, err := kubectl(ctx, "kustomize", "deploy/")
-	if err != nil {
-		return "", fmt.Errorf("kubectl kustomize deploy/: %w\n%s", err, out)
-	}
-	rendered := filepath.Join(dir, "deploy.yaml")
-	if err := os.WriteFile(rendered, []byte(out), 0o644); err != nil {
-		return "", err
-	}
-	objs, err := cluster.ReadObjects(rendered)
+	objs, err := renderKustomization(ctx, dir, "deploy/")
 	if err != nil {
 		return "", err
 	}
@@ -275,6 +316,24 @@ func kustomizeInstall(ctx context.Context, dir string) (string, error) {
 	return file, os.WriteFile(file, b, 0o644)
 }
 
+// renderKustomization renders the kustomization in path with kubectl
+// kustomize, through a file in dir.
+func renderKustomization(ctx context.Context, dir, path string) ([]*unstructured.Unstructured, error) {
+	out, err := env.cluster.Kubectl(ctx, "kustomize", path)
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize %s: %w\n%s", path, err, out)
+	}
+	f, err := os.CreateTemp(dir, "rendered-*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.WriteString(out); err != nil {
+		return nil, err
+	}
+	return cluster.ReadObjects(f.Name())
+}
+
 // removeKustomizeInstall deletes deploy/'s install but the CRD, and waits
 // for its namespace to be gone.
 func removeKustomizeInstall(ctx context.Context, t *testing.T) {
@@ -283,7 +342,7 @@ func removeKustomizeInstall(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := kubectl(ctx, "delete", "-f", file, "--wait", "--ignore-not-found"); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "delete", "-f", file, "--wait", "--ignore-not-found"); err != nil {
 		t.Fatalf("kubectl delete deploy/ but the CRD: %v\n%s", err, out)
 	}
 	waitNamespaceGone(ctx, t, ns)
@@ -309,7 +368,7 @@ func restoreKustomizeInstall(t *testing.T) {
 // waitNamespaceGone waits until the namespace is deleted, its pods with it.
 func waitNamespaceGone(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
-	err := poll(ctx, 3*time.Minute, "namespace "+name+" to be gone", func(ctx context.Context) error {
+	err := framework.Poll(ctx, 3*time.Minute, "namespace "+name+" to be gone", func(ctx context.Context) error {
 		_, err := env.Kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil

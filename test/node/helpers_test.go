@@ -17,9 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/demo-operator/uuid-controller/test/cluster"
 	"github.com/demo-operator/uuid-controller/test/framework"
@@ -34,13 +32,10 @@ func testCtx(t *testing.T) context.Context {
 	return framework.Context(t, 8*time.Minute)
 }
 
-// poll is framework.Poll.
-var poll = framework.Poll
-
 // waitRolledOut waits until the Deployment has all its replicas updated,
 // Ready and available, and no other pod of it is left.
 func waitRolledOut(ctx context.Context) error {
-	return poll(ctx, 5*time.Minute, "the Deployment to roll out", func(ctx context.Context) error {
+	return framework.Poll(ctx, 5*time.Minute, "the Deployment to roll out", func(ctx context.Context) error {
 		d, err := env.Kube.AppsV1().Deployments(ns).Get(ctx, deployName, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -83,24 +78,34 @@ func rolledOutReplicas(ctx context.Context, t *testing.T) deployed {
 	if err := waitRolledOut(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pods, err := controllerPods(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, holder, err := leaseHolder(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := deployed{pods: pods, lease: lease}
-	for i := range pods {
-		if pods[i].Name == holder {
-			d.leader = &pods[i]
-		} else {
-			d.standby = &pods[i]
+	// A test before may have replaced the pods: the new ones are rolled
+	// out before one of them has taken the Lease.
+	var d deployed
+	err := framework.Poll(ctx, time.Minute, "the Deployment's 2 pods, one of them holding the Lease", func(ctx context.Context) error {
+		pods, err := controllerPods(ctx)
+		if err != nil {
+			return err
 		}
-	}
-	if len(pods) != 2 || d.leader == nil || d.standby == nil {
-		t.Fatalf("%d pods, the Lease held by %q: want the Deployment's 2, one of them the leader", len(pods), holder)
+		lease, _, err := env.LeaseHolder(ctx, ns, leaseName)
+		if err != nil {
+			return err
+		}
+		holder := holderPod(lease)
+		d = deployed{pods: pods, lease: lease}
+		for i := range pods {
+			if pods[i].Name == holder {
+				d.leader = &pods[i]
+			} else {
+				d.standby = &pods[i]
+			}
+		}
+		if len(pods) != 2 || d.leader == nil || d.standby == nil {
+			return fmt.Errorf("%d pods, the Lease held by %q", len(pods), holder)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return d
 }
@@ -129,16 +134,9 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// leaseHolder returns the Lease and the pod its holder identity names
-// (identities are "<hostname>_<random>", the hostname being the pod's name).
-func leaseHolder(ctx context.Context) (*coordinationv1.Lease, string, error) {
-	l, err := env.Kube.CoordinationV1().Leases(ns).Get(ctx, leaseName, metav1.GetOptions{})
-	if err != nil {
-		return nil, "", err
-	}
-	return l, holderPod(l), nil
-}
-
+// holderPod is the pod the Lease's holder identity names (identities are
+// "<hostname>_<random>", the hostname being the pod's name), "" when no
+// one holds it.
 func holderPod(l *coordinationv1.Lease) string {
 	if l.Spec.HolderIdentity == nil {
 		return ""
@@ -157,28 +155,6 @@ func podLog(t *testing.T, p *corev1.Pod) string {
 	return out
 }
 
-// The helpers below bind test/framework to the node's cluster.
-
-// newNamespace creates a namespace named after the test.
-func newNamespace(ctx context.Context, t *testing.T) string {
-	t.Helper()
-	return env.NewNamespace(ctx, t)
-}
-
-// createUuids creates n objects prefix-0 ... in namespace and returns
-// their names.
-func createUuids(ctx context.Context, t *testing.T, namespace, prefix string, n int) []string {
-	t.Helper()
-	return env.CreateUuids(ctx, t, namespace, prefix, n)
-}
-
-// waitUUIDs waits until every named object in namespace has state Ok and a
-// valid UUID, and returns name -> UUID.
-func waitUUIDs(ctx context.Context, t *testing.T, namespace string, names []string, timeout time.Duration) map[string]string {
-	t.Helper()
-	return env.WaitUUIDs(ctx, t, namespace, names, timeout)
-}
-
 // statusWrites counts the controller's status writes in the audit log on
 // objects in namespace, by object name.
 func statusWrites(t *testing.T, namespace string) map[string]int {
@@ -195,78 +171,6 @@ func statusWrites(t *testing.T, namespace string) map[string]int {
 		}
 	}
 	return out
-}
-
-// uuidWatch records every UUID a watch sees on a namespace's objects and
-// any change of one an object already had.
-type uuidWatch struct {
-	mu      sync.Mutex
-	ids     map[string]string
-	changes []string
-	err     error
-	done    chan struct{}
-}
-
-// watchUUIDs watches namespace's objects from now until the test ends.
-func watchUUIDs(ctx context.Context, t *testing.T, namespace string) *uuidWatch {
-	t.Helper()
-	l, err := env.Uuids(namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatalf("list %s: %v", namespace, err)
-	}
-	uw := &uuidWatch{ids: map[string]string{}, done: make(chan struct{})}
-	for _, o := range l.Items {
-		if id := framework.UUIDOf(o.Object); id != "" {
-			uw.ids[o.GetName()] = id
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	w, err := env.Uuids(namespace).Watch(ctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
-	if err != nil {
-		cancel()
-		t.Fatalf("watch %s: %v", namespace, err)
-	}
-	t.Cleanup(func() { cancel(); w.Stop(); <-uw.done })
-	go func() {
-		defer close(uw.done)
-		for ev := range w.ResultChan() {
-			switch ev.Type {
-			case watch.Error:
-				uw.mu.Lock()
-				uw.err = fmt.Errorf("watch error: %v", ev.Object)
-				uw.mu.Unlock()
-				return
-			case watch.Added, watch.Modified:
-				o, ok := ev.Object.(*unstructured.Unstructured)
-				if !ok {
-					continue
-				}
-				id := framework.UUIDOf(o.Object)
-				uw.mu.Lock()
-				if old := uw.ids[o.GetName()]; old != "" && old != id {
-					uw.changes = append(uw.changes, fmt.Sprintf("%s: %q -> %q", o.GetName(), old, id))
-				}
-				if id != "" {
-					uw.ids[o.GetName()] = id
-				}
-				uw.mu.Unlock()
-			}
-		}
-	}()
-	return uw
-}
-
-// check fails the test if the watch saw a UUID change or broke off.
-func (uw *uuidWatch) check(t *testing.T) {
-	t.Helper()
-	uw.mu.Lock()
-	defer uw.mu.Unlock()
-	if uw.err != nil {
-		t.Error(uw.err)
-	}
-	if len(uw.changes) > 0 {
-		t.Errorf("a watch saw %d UUIDs change: %v", len(uw.changes), uw.changes)
-	}
 }
 
 // leaseObservation is the Lease as one watch event showed it.

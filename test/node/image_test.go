@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -38,7 +39,7 @@ func TestImagePulledFromRegistry(t *testing.T) {
 // waits with the registry's answer, not found, in its status.
 func TestMissingTagFailsPull(t *testing.T) {
 	ctx := testCtx(t)
-	namespace := newNamespace(ctx, t)
+	namespace := env.NewNamespace(ctx, t)
 	image := env.cluster.Registry() + "/" + imageRepo + ":not-there"
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "missing-tag", Namespace: namespace},
@@ -48,7 +49,7 @@ func TestMissingTagFailsPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Kube.CoreV1().Pods(namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
-	err := poll(ctx, 2*time.Minute, "the pull of "+image+" to fail", func(ctx context.Context) error {
+	err := framework.Poll(ctx, 2*time.Minute, "the pull of "+image+" to fail", func(ctx context.Context) error {
 		p, err := env.Kube.CoreV1().Pods(namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return err

@@ -29,11 +29,11 @@ func TestExampleFromInClusterLeader(t *testing.T) {
 	// Writes from now on: another test (TestHelmChart) may have had an
 	// example of its own assigned and deleted before.
 	applied := time.Now()
-	if out, err := kubectl(ctx, "apply", "-f", "examples/uuid.yaml"); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "apply", "-f", "examples/uuid.yaml"); err != nil {
 		t.Fatalf("kubectl apply -f examples/uuid.yaml: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { _, _ = kubectl(ctx, "delete", "-f", "examples/uuid.yaml", "--wait=false") })
-	ids := waitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)
+	t.Cleanup(func() { _, _ = env.cluster.Kubectl(ctx, "delete", "-f", "examples/uuid.yaml", "--wait=false") })
+	ids := env.WaitUUIDs(ctx, t, "default", []string{"example"}, time.Minute)
 	if _, ok := ids["example"]; !ok {
 		t.Fatalf("UUIDs in default: %v, want one for example", ids)
 	}

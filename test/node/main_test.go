@@ -57,6 +57,9 @@ var env struct {
 	// image is the controller image as deployed: REGISTRY/REPO@sha256:...,
 	// the index `make image-push` pushed to the node's registry.
 	image string
+	// signingKey and publicKey are the key pair setup generated and signed
+	// the image with (SIGNING_KEY), as PEM files in keyDir.
+	signingKey, publicKey, keyDir string
 	// rolloutEvents are deploy/'s namespace's events once setup rolled it out.
 	rolloutEvents []corev1.Event
 }
@@ -66,6 +69,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	defer func() { os.RemoveAll(env.keyDir) }()
 	// An interrupted run (Ctrl-C, a cancelled CI job) still tears the node
 	// down: its bridge, routes and rules outlive the test binary.
 	sigs := make(chan os.Signal, 1)
@@ -134,6 +138,12 @@ func setup() error {
 	if env.Clients, err = framework.NewClients(env.cluster.AdminConfig()); err != nil {
 		return err
 	}
+	if env.keyDir, err = os.MkdirTemp("", "node-signing-"); err != nil {
+		return err
+	}
+	if env.signingKey, env.publicKey, err = writeKeyPair(env.keyDir, "signing"); err != nil {
+		return err
+	}
 	if env.image, err = pushImage(ctx, env.cluster.Registry()+"/"+imageRepo+":node-e2e"); err != nil {
 		return err
 	}
@@ -163,14 +173,15 @@ func applyDeploy(ctx context.Context) error {
 	if out, err := exec.CommandContext(ctx, filepath.Join(env.root, "hack", "kustomize-overlay.sh"), overlay, env.image).CombinedOutput(); err != nil {
 		return fmt.Errorf("hack/kustomize-overlay.sh: %w\n%s", err, out)
 	}
-	if out, err := kubectl(ctx, "apply", "-k", overlay); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "apply", "-k", overlay); err != nil {
 		return fmt.Errorf("kubectl apply -k deploy/ (image %s): %w\n%s", env.image, err, out)
 	}
 	return nil
 }
 
-// pushImage runs `make image-push IMG=tag` against the node's registry, as
-// a user pushes a release, and returns the reference it printed
+// pushImage runs `make image-push IMG=tag SIGNING_KEY=...` against the
+// node's registry, as a user pushes a release (signed, with its SBOM and
+// provenance), and returns the reference it printed
 // (REPOSITORY@sha256:...). An empty docker config: the node's registry
 // needs no credentials, and the user's must not leak into the test.
 func pushImage(ctx context.Context, tag string) (string, error) {
@@ -179,7 +190,8 @@ func pushImage(ctx context.Context, tag string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(dockerConfig)
-	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "image-push", "IMG="+tag, "REGISTRY_CA="+env.cluster.RegistryCA())
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "image-push", "IMG="+tag, "REGISTRY_CA="+env.cluster.RegistryCA(),
+		"SIGNING_KEY="+env.signingKey)
 	cmd.Dir = env.root
 	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+dockerConfig)
 	var stderr strings.Builder
@@ -196,13 +208,4 @@ func pushImage(ctx context.Context, tag string) (string, error) {
 	}
 	fmt.Fprintf(os.Stderr, "node: pushed %s\n", ref)
 	return ref, nil
-}
-
-// kubectl runs bin/kubectl as admin and returns its combined output.
-func kubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(env.cluster.BinDir(), cluster.KubectlBinary), args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig())
-	cmd.Dir = env.root
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }

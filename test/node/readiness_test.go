@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/demo-operator/uuid-controller/test/framework"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,7 +56,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	restore := func() {
 		if !restored {
 			restored = true
-			if out, err := kubectl(context.WithoutCancel(ctx), "apply", "-f", filepath.Join("deploy", "rbac.yaml")); err != nil {
+			if out, err := env.cluster.Kubectl(context.WithoutCancel(ctx), "apply", "-f", filepath.Join("deploy", "rbac.yaml")); err != nil {
 				t.Errorf("restoring deploy/rbac.yaml: %v\n%s", err, out)
 			}
 		}
@@ -67,7 +68,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fresh *corev1.Pod
-	if err := poll(ctx, 2*time.Minute, "a replacement pod whose readiness probe has failed 3 times", func(ctx context.Context) error {
+	if err := framework.Poll(ctx, 2*time.Minute, "a replacement pod whose readiness probe has failed 3 times", func(ctx context.Context) error {
 		pods, err := controllerPods(ctx)
 		if err != nil {
 			return err
@@ -111,7 +112,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	if podReady(p) || p.Status.ContainerStatuses[0].RestartCount != 0 || p.Status.ContainerStatuses[0].State.Running == nil {
 		t.Fatalf("pod %s: ready %v, status %+v; want running, not ready, no restarts", p.Name, podReady(p), p.Status.ContainerStatuses[0])
 	}
-	out, err := kubectl(ctx, "-n", ns, "get", "pods", "--no-headers")
+	out, err := env.cluster.Kubectl(ctx, "-n", ns, "get", "pods", "--no-headers")
 	if err != nil {
 		t.Fatalf("kubectl get pods: %v\n%s", err, out)
 	}
@@ -119,7 +120,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 		t.Errorf("kubectl get pods does not show %s 0/1 Running:\n%s", p.Name, out)
 	}
 	var log string
-	if err := poll(ctx, time.Minute, "the forbidden list in the pod's log", func(context.Context) error {
+	if err := framework.Poll(ctx, time.Minute, "the forbidden list in the pod's log", func(context.Context) error {
 		if log = podLog(t, p); !strings.Contains(log, "forbidden") || !strings.Contains(log, `resource \"uuid\"`) {
 			return fmt.Errorf("not logged yet")
 		}
@@ -129,7 +130,7 @@ func TestReadinessFollowsInformer(t *testing.T) {
 	}
 
 	restore()
-	if err := poll(ctx, 2*time.Minute, "the replica to turn Ready", func(ctx context.Context) error {
+	if err := framework.Poll(ctx, 2*time.Minute, "the replica to turn Ready", func(ctx context.Context) error {
 		p, err := env.Kube.CoreV1().Pods(ns).Get(ctx, fresh.Name, metav1.GetOptions{})
 		if err != nil {
 			return err

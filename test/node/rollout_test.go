@@ -28,9 +28,9 @@ func TestRolloutRestart(t *testing.T) {
 	if err := waitRolledOut(ctx); err != nil {
 		t.Fatal(err)
 	}
-	objNS := newNamespace(ctx, t)
+	objNS := env.NewNamespace(ctx, t)
 	start := time.Now()
-	before := waitUUIDs(ctx, t, objNS, createUuids(ctx, t, objNS, "obj", rolloutObjects), 3*time.Minute)
+	before := env.WaitUUIDs(ctx, t, objNS, env.CreateUuids(ctx, t, objNS, "obj", rolloutObjects), 3*time.Minute)
 	t.Logf("%d objects created and given UUIDs in %s", rolloutObjects, time.Since(start).Round(time.Millisecond))
 	// The audit log holds each object's one write, or the filter below
 	// matches nothing and "no write during the rollout" proves nothing.
@@ -38,7 +38,7 @@ func TestRolloutRestart(t *testing.T) {
 	if len(writesBefore) != rolloutObjects {
 		t.Fatalf("the audit log shows status writes to %d objects in %s, want %d", len(writesBefore), objNS, rolloutObjects)
 	}
-	ids := watchUUIDs(ctx, t, objNS)
+	ids := env.WatchUUIDs(ctx, t, objNS)
 	leases := watchLease(ctx, t)
 	oldPods, err := controllerPods(ctx)
 	if err != nil {
@@ -46,10 +46,10 @@ func TestRolloutRestart(t *testing.T) {
 	}
 
 	start = time.Now()
-	if out, err := kubectl(ctx, "-n", ns, "rollout", "restart", "deployment/"+deployName); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "-n", ns, "rollout", "restart", "deployment/"+deployName); err != nil {
 		t.Fatalf("kubectl rollout restart: %v\n%s", err, out)
 	}
-	if out, err := kubectl(ctx, "-n", ns, "rollout", "status", "deployment/"+deployName, "--timeout=5m"); err != nil {
+	if out, err := env.cluster.Kubectl(ctx, "-n", ns, "rollout", "status", "deployment/"+deployName, "--timeout=5m"); err != nil {
 		t.Fatalf("kubectl rollout status: %v\n%s", err, out)
 	}
 	if err := waitRolledOut(ctx); err != nil {
@@ -70,11 +70,12 @@ func TestRolloutRestart(t *testing.T) {
 	// The new leader has synced and gone through every object once a
 	// sentinel created now has its UUID: the queue is first in, first
 	// out, and all 1,000 were queued when its informer synced.
-	if err := poll(ctx, time.Minute, "a new pod to hold the lease", func(ctx context.Context) error {
-		_, holder, err := leaseHolder(ctx)
+	if err := framework.Poll(ctx, time.Minute, "a new pod to hold the lease", func(ctx context.Context) error {
+		lease, _, err := env.LeaseHolder(ctx, ns, leaseName)
 		if err != nil {
 			return err
 		}
+		holder := holderPod(lease)
 		for _, p := range newPods {
 			if p.Name == holder {
 				return nil
@@ -84,8 +85,8 @@ func TestRolloutRestart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	sentinelNS := newNamespace(ctx, t)
-	waitUUIDs(ctx, t, sentinelNS, createUuids(ctx, t, sentinelNS, "sentinel", 1), time.Minute)
+	sentinelNS := env.NewNamespace(ctx, t)
+	env.WaitUUIDs(ctx, t, sentinelNS, env.CreateUuids(ctx, t, sentinelNS, "sentinel", 1), time.Minute)
 
 	after := statusWrites(t, objNS)
 	if len(after) != rolloutObjects {
@@ -109,7 +110,7 @@ func TestRolloutRestart(t *testing.T) {
 	if changed > 0 || len(l.Items) != rolloutObjects {
 		t.Errorf("%d of %d objects have a different UUID after the rollout", changed, len(l.Items))
 	}
-	ids.check(t)
+	ids.CheckUnchanged(t)
 
 	leases.check(t)
 	obs := leases.observations()

@@ -1,4 +1,4 @@
-package main
+package kopf
 
 import (
 	"context"
@@ -7,24 +7,21 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
-
-	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
-// kopfPolicy makes the kopf migration fail closed. Removing kopf's
+// policyGate makes the migration fail closed. Removing kopf's
 // finalizer needs patch on the objects themselves, a grant only the
 // admission policy narrows; so with --remove-kopf-finalizer no finalizer
 // is removed until a dry run the policy must deny has been denied
-// (kopf.Probe): at start, before the next removal after one failed, and
+// (Probe): at start, before the next removal after one failed, and
 // before any removal once the last proof is policyProofTTL old, so a policy
 // deleted, unbound or switched to Warn after start stops removals within
 // that long of the apiserver enforcing the change. While a probe is
 // allowed, /readyz and uuid_controller_kopf_policy_bound say so, the error
 // is logged once, and the probe is repeated every few seconds.
-type kopfPolicy struct {
-	// probe runs kopf.Probe on one object; a field so unit tests can
+type policyGate struct {
+	// probe runs Probe on one object; a field so unit tests can
 	// replace the apiserver's admission.
 	probe func(ctx context.Context, namespace, name string) error
 	// bound is the uuid_controller_kopf_policy_bound gauge.
@@ -40,11 +37,11 @@ type kopfPolicy struct {
 	missing  bool      // the last probe was allowed
 }
 
-func newKopfPolicy(client dynamic.NamespaceableResourceInterface, bound prometheus.Gauge) *kopfPolicy {
-	return &kopfPolicy{
-		probe: func(ctx context.Context, namespace, name string) error {
-			return kopf.Probe(ctx, client.Namespace(namespace), name, FieldManager)
-		},
+// newPolicyGate is a gate that proves the policy with probe and reports
+// it on bound.
+func newPolicyGate(probe func(ctx context.Context, namespace, name string) error, bound prometheus.Gauge) *policyGate {
+	return &policyGate{
+		probe:   probe,
 		bound:   bound,
 		reprobe: policyReprobe,
 		now:     time.Now,
@@ -67,7 +64,7 @@ const policyProofTTL = 3 * time.Second
 
 // prove returns nil once the policy is proven to bind the controller, else
 // probes it on the object namespace/name and returns why it is not.
-func (p *kopfPolicy) prove(ctx context.Context, namespace, name string) error {
+func (p *policyGate) prove(ctx context.Context, namespace, name string) error {
 	if p.fresh() {
 		return nil
 	}
@@ -77,9 +74,9 @@ func (p *kopfPolicy) prove(ctx context.Context, namespace, name string) error {
 }
 
 // record keeps a probe's result and reports a change.
-func (p *kopfPolicy) record(ctx context.Context, err error) {
+func (p *policyGate) record(ctx context.Context, err error) {
 	logger := klog.FromContext(ctx)
-	missing := errors.Is(err, kopf.ErrPolicyMissing)
+	missing := errors.Is(err, ErrPolicyMissing)
 	p.mu.Lock()
 	wasMissing, wasProven := p.missing, p.proven
 	p.proven, p.missing = err == nil, missing
@@ -91,12 +88,12 @@ func (p *kopfPolicy) record(ctx context.Context, err error) {
 	case err == nil:
 		p.bound.Set(1)
 		if !wasProven {
-			logger.Info("The admission policy binds this controller; removing kopf's finalizer from objects being deleted", "policy", kopf.PolicyName)
+			logger.Info("The admission policy binds this controller; removing kopf's finalizer from objects being deleted", "policy", PolicyName)
 		}
 	case missing:
 		p.bound.Set(0)
 		if !wasMissing {
-			logger.Error(err, "Removing no kopf finalizer until the admission policy binds this controller", "policy", kopf.PolicyName)
+			logger.Error(err, "Removing no kopf finalizer until the admission policy binds this controller", "policy", PolicyName)
 		}
 	}
 	// Any other error proves nothing either way: what was known stands,
@@ -104,7 +101,7 @@ func (p *kopfPolicy) record(ctx context.Context, err error) {
 }
 
 // fresh is whether the policy was proven less than policyProofTTL ago.
-func (p *kopfPolicy) fresh() bool {
+func (p *policyGate) fresh() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.proven && p.now().Sub(p.provenAt) < policyProofTTL
@@ -112,7 +109,7 @@ func (p *kopfPolicy) fresh() bool {
 
 // forget makes the next removal prove the policy again: one just failed,
 // and the policy may be why.
-func (p *kopfPolicy) forget() {
+func (p *policyGate) forget() {
 	p.mu.Lock()
 	p.proven = false
 	p.mu.Unlock()
@@ -120,11 +117,11 @@ func (p *kopfPolicy) forget() {
 
 // Ready is the policy's part of /readyz: an error while the last probe
 // was allowed.
-func (p *kopfPolicy) Ready() error {
+func (p *policyGate) Ready() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.missing {
-		return kopf.ErrPolicyMissing
+		return ErrPolicyMissing
 	}
 	return nil
 }
@@ -132,14 +129,10 @@ func (p *kopfPolicy) Ready() error {
 // proveAtStart probes the policy on any cached object, so a missing policy
 // shows at start rather than at the first deletion. With no object there
 // is nothing to remove yet; the first removal probes.
-func (p *kopfPolicy) proveAtStart(ctx context.Context, objs []any) {
-	for _, o := range objs {
-		u, ok := o.(*cachedUUID)
-		if !ok {
-			continue
-		}
-		if err := p.prove(ctx, u.GetNamespace(), u.GetName()); err != nil && !errors.Is(err, kopf.ErrPolicyMissing) {
-			klog.FromContext(ctx).Error(err, "Could not prove the admission policy binds this controller; the next finalizer removal tries again", "policy", kopf.PolicyName)
+func (p *policyGate) proveAtStart(ctx context.Context, objs []Object) {
+	for _, u := range objs {
+		if err := p.prove(ctx, u.GetNamespace(), u.GetName()); err != nil && !errors.Is(err, ErrPolicyMissing) {
+			klog.FromContext(ctx).Error(err, "Could not prove the admission policy binds this controller; the next finalizer removal tries again", "policy", PolicyName)
 		}
 		return
 	}
@@ -149,7 +142,7 @@ func (p *kopfPolicy) proveAtStart(ctx context.Context, objs []any) {
 // was allowed or the proof is stale (so /readyz and the gauge follow a
 // policy removed after start even with no removal waiting), until ctx is
 // cancelled.
-func (p *kopfPolicy) reprobeWhileMissing(ctx context.Context, list func() []any) {
+func (p *policyGate) reprobeWhileMissing(ctx context.Context, list func() []Object) {
 	t := time.NewTicker(p.reprobe)
 	defer t.Stop()
 	for {

@@ -1,0 +1,69 @@
+package chart
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestChartWatchNamespaces: watchNamespaces renders, instead of the
+// ClusterRole and its binding, the namespaced component's Role and a
+// RoleBinding to the controller's ServiceAccount in each namespace listed,
+// and --namespace with the list.
+func TestChartWatchNamespaces(t *testing.T) {
+	objs := byKey(t, render(t, "--set", "watchNamespaces={team-a,team-b}", "--set", "namespace.name=ops"))
+	for k := range objs {
+		if strings.HasSuffix(k, " /uuid-controller") {
+			t.Errorf("%s rendered: watchNamespaces grants by Roles only", k)
+		}
+	}
+	component := readObjects(t, "deploy/components/namespaced/role.yaml")
+	var wantRules any
+	for _, o := range component {
+		if o.GetKind() == "Role" {
+			wantRules = o.Object["rules"]
+		}
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		role, ok := objs["rbac.authorization.k8s.io/v1 Role "+ns+"/uuid-controller"]
+		if !ok {
+			t.Fatalf("no Role %s/uuid-controller", ns)
+		}
+		if !reflect.DeepEqual(role.Object["rules"], wantRules) {
+			t.Errorf("Role %s/uuid-controller rules %v, want deploy/components/namespaced's %v", ns, role.Object["rules"], wantRules)
+		}
+		b, ok := objs["rbac.authorization.k8s.io/v1 RoleBinding "+ns+"/uuid-controller"]
+		if !ok {
+			t.Fatalf("no RoleBinding %s/uuid-controller", ns)
+		}
+		subjects, _, _ := unstructured.NestedSlice(b.Object, "subjects")
+		if len(subjects) != 1 || subjects[0].(map[string]any)["namespace"] != "ops" || subjects[0].(map[string]any)["name"] != "uuid-controller" {
+			t.Errorf("RoleBinding %s/uuid-controller subjects %v, want the ServiceAccount ops/uuid-controller", ns, subjects)
+		}
+	}
+	if got := args(t, deployment(t, objs)); !slices.Contains(got, "--namespace=team-a,team-b") {
+		t.Errorf("args %q, want --namespace=team-a,team-b", got)
+	}
+}
+
+// TestChartAggregateRoles: aggregateRoles.create renders
+// deploy/aggregate-roles/roles.yaml, and the default renders none of it.
+func TestChartAggregateRoles(t *testing.T) {
+	for _, o := range render(t) {
+		if strings.Contains(o.GetName(), "aggregate") {
+			t.Errorf("%s rendered by default", key(o))
+		}
+	}
+	for _, p := range compare(only(render(t, "--set", "aggregateRoles.create=true"), "aggregate"),
+		readObjects(t, "deploy/aggregate-roles/roles.yaml"), "deploy/aggregate-roles/roles.yaml") {
+		t.Error(p)
+	}
+}
+
+// only keeps the objects whose name contains s.
+func only(objs []*unstructured.Unstructured, s string) []*unstructured.Unstructured {
+	return slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return !strings.Contains(o.GetName(), s) })
+}
