@@ -254,11 +254,14 @@ node-deps:
 ##           kubelet by digest. Needs root; builds the node's binaries, bin/helm, bin/prometheus
 ##           and the pause image, installs the Debian packages when missing.
 ##           NODE_RUN=REGEXP runs only those test/node tests (and not test/cluster's)
+##           The tests hold flock $(NODE_LOCK): the node's bridge and iptables chains are the
+##           machine's, so a second run on the machine waits for the first instead of failing.
 NODE_RUN ?=
+NODE_LOCK ?= /tmp/node.lock
 node-e2e: node-deps node-tools helm prometheus pause-image
 	go vet -tags node ./test/cluster/ ./test/node/
-	$(if $(NODE_RUN),,go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/)
-	go test -tags node -count=1 -p 1 -timeout 40m -v $(if $(NODE_RUN),-run '$(NODE_RUN)') ./test/node/
+	$(if $(NODE_RUN),,flock $(NODE_LOCK) go test -tags node -count=1 -v -run 'TestNode' ./test/cluster/)
+	flock $(NODE_LOCK) go test -tags node -count=1 -p 1 -timeout 40m -v $(if $(NODE_RUN),-run '$(NODE_RUN)') ./test/node/
 
 ## ---- monitoring (issue 19): Prometheus for the alert tests ----
 # Prometheus has a module of its own so its dependencies never enter go.mod.
