@@ -79,6 +79,8 @@ const (
 type objectStore interface {
 	GetByKey(key string) (any, bool, error)
 	List() []any
+	// ByIndex is the objects an index of attach files under value.
+	ByIndex(index, value string) ([]any, error)
 }
 
 // crdGate is what the controller asks of the CRD check (internal/crdcheck):
@@ -133,7 +135,7 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	c := &Controller{
 		client:     d.Client.Resource(uuidGVR),
 		sendStatus: d.Status,
-		store:      informer.Informer().GetStore(),
+		store:      informer.Informer().GetIndexer(),
 		synced:     informer.Informer().HasSynced,
 		recorder:   d.Recorder,
 		metrics:    d.Metrics,
@@ -151,7 +153,9 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	var err error
 	c.kopf, err = kopf.New(kopf.Config{
 		Remove: opts.RemoveKopfFinalizer, Client: c.client, Resource: uuidGVR.GroupResource(), FieldManager: FieldManager,
-		Objects: func() []any { return c.store.List() }, Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
+		Objects: func() []any { return c.store.List() },
+		Held:    func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
+		Event:   c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
 	})
 	if err != nil {
 		return nil, err
@@ -159,6 +163,11 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	c.attach = func(inf cache.SharedIndexInformer) error {
 		if err := inf.SetTransform(trimForCache); err != nil {
 			return fmt.Errorf("setting the cache transform (the informer must not have started): %w", err)
+		}
+		// The one index: it holds only objects kopf's finalizer holds, so
+		// the migration's gauge is O(held) at every scrape.
+		if err := inf.AddIndexers(cache.Indexers{kopf.HeldIndex: kopf.HeldIndexFunc}); err != nil {
+			return fmt.Errorf("adding the kopf index: %w", err)
 		}
 		_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.enqueue(logger, obj) },

@@ -44,20 +44,37 @@ func TestKopfFinalizerWaitingGauge(t *testing.T) {
 	other.SetFinalizers([]string{"example.com/other"})
 	f := newFixture(t, Options{}, kopfObject("held-1", true), kopfObject("held-2", true, "example.com/other"),
 		kopfObject("live", false), other, newUUIDObject("default", "new", "1"))
-	families, err := f.metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []float64
-	for _, mf := range families {
-		if mf.GetName() == "uuid_controller_kopf_finalizer_waiting_objects" {
-			for _, m := range mf.GetMetric() {
-				got = append(got, m.GetGauge().GetValue())
+	waiting := func() []float64 {
+		t.Helper()
+		families, err := f.metrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []float64
+		for _, mf := range families {
+			if mf.GetName() == "uuid_controller_kopf_finalizer_waiting_objects" {
+				for _, m := range mf.GetMetric() {
+					got = append(got, m.GetGauge().GetValue())
+				}
 			}
 		}
+		return got
 	}
-	if len(got) != 1 || got[0] != 2 {
+	if got := waiting(); len(got) != 1 || got[0] != 2 {
 		t.Errorf("uuid_controller_kopf_finalizer_waiting_objects = %v, want [2]", got)
+	}
+	// The gauge reads the cache's index, which follows the cache: kopf's
+	// finalizer removed from one, the other gone.
+	released := kopfObject("held-1", true)
+	released.SetFinalizers(nil)
+	if err := f.indexer.Update(toCached(released)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.indexer.Delete(toCached(kopfObject("held-2", true, "example.com/other"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := waiting(); len(got) != 1 || got[0] != 0 {
+		t.Errorf("after the release and the deletion: uuid_controller_kopf_finalizer_waiting_objects = %v, want [0]", got)
 	}
 }
 

@@ -26,9 +26,10 @@ const pendingSelector = "status.uuid="
 const selectableField = "status.uuid"
 
 // newInformer is the informer on uuidGVR in namespace ("" for all), over
-// every object, or only the pending ones when narrowed. It has no indexes:
-// the controller reads objects by key only, and the namespace index a
-// shared informer factory adds costs memory for every object.
+// every object, or only the pending ones when narrowed. It has no index of
+// its own: the controller reads objects by key, and the namespace index a
+// shared informer factory adds costs memory for every object (attach adds
+// the kopf index, which costs only for the objects it holds).
 func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, narrowed bool) informers.GenericInformer {
 	var tweak dynamicinformer.TweakListOptionsFunc
 	if narrowed {
@@ -300,6 +301,23 @@ func (w *watch) List() []any {
 		all = append(all, inf.GetStore().List()...)
 	}
 	return all
+}
+
+// ByIndex is the objects the informers in use file under value of index.
+func (w *watch) ByIndex(index, value string) ([]any, error) {
+	cur := w.cur.Load()
+	if cur == nil {
+		return nil, nil
+	}
+	var all []any
+	for ns, inf := range cur.infs {
+		objs, err := inf.GetIndexer().ByIndex(index, value)
+		if err != nil {
+			return nil, fmt.Errorf("reading index %s of the informer of namespace %q: %w", index, ns, err)
+		}
+		all = append(all, objs...)
+	}
+	return all, nil
 }
 
 // HasSynced tells whether informers are in use and all have synced:

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,13 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	apiwatch "k8s.io/apimachinery/pkg/watch"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/informers"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
@@ -167,6 +171,39 @@ func TestWatchSeveralNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("narrowed")
+}
+
+// ByIndex reads the index of every watched namespace's informer, and of no
+// other namespace: the kopf gauge counts the held objects of all of them.
+func TestWatchByIndexEveryNamespace(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	var objs []*unstructured.Unstructured
+	for _, ns := range []string{"a", "b", "c"} {
+		held := kopfObject("held", true)
+		held.SetNamespace(ns)
+		live := kopfObject("live", false)
+		live.SetNamespace(ns)
+		objs = append(objs, held, live)
+	}
+	w, _ := runWatchOver(t, ctx, newClient(t, objs...), []string{"a", "b"}, func() (bool, bool) { return false, true })
+	if err := framework.PollTrue(ctx, 10*time.Second, "the informers to sync", w.HasSynced); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.ByIndex(kopf.HeldIndex, kopf.HeldValue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, o := range got {
+		keys = append(keys, cache.MetaObjectToName(o.(*cachedUUID)).String())
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"a/held", "b/held"}) {
+		t.Errorf("ByIndex(%s) = %v, want [a/held b/held]", kopf.HeldIndex, keys)
+	}
+	if _, err := w.ByIndex("no-such-index", "x"); err == nil {
+		t.Error("ByIndex of an index no informer has: no error")
+	}
 }
 
 // A namespace whose list is refused as Forbidden (a scoped install not yet

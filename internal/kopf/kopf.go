@@ -27,6 +27,22 @@ func FinalizerIndex(obj metav1.Object) int {
 	return slices.Index(obj.GetFinalizers(), Finalizer)
 }
 
+// HeldIndex names the cache index HeldIndexFunc computes: under HeldValue
+// it files the objects whose deletion kopf's finalizer holds, and no other,
+// so it costs nothing per object that is not held.
+const (
+	HeldIndex = "kopf-held"
+	HeldValue = "held"
+)
+
+// HeldIndexFunc is the cache.IndexFunc of HeldIndex.
+func HeldIndexFunc(obj any) ([]string, error) {
+	if o, ok := obj.(metav1.Object); ok && FinalizerIndex(o) >= 0 {
+		return []string{HeldValue}, nil
+	}
+	return nil, nil
+}
+
 // RemoveFinalizerPatch is a JSON patch removing the finalizer at index i,
 // provided it is still kopf's: where a bare remove would drop whatever
 // entry had moved to i, a failed test changes nothing.

@@ -3,10 +3,13 @@ package kopf
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,6 +69,66 @@ func TestIsFailedPatchTest(t *testing.T) {
 	} {
 		if got := IsFailedPatchTest(tc.err); got != tc.want {
 			t.Errorf("%s: IsFailedPatchTest = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestWaitingGaugeReadsTheIndex: kopf_finalizer_waiting_objects counts what
+// Config.Held returns, never lists the whole cache (a scrape every few
+// seconds over a million objects), and is NaN, not 0, when the index
+// cannot be read.
+func TestWaitingGaugeReadsTheIndex(t *testing.T) {
+	held := []any{&metav1.ObjectMeta{Name: "a"}, &metav1.ObjectMeta{Name: "b"}}
+	var heldErr error
+	reg := prometheus.NewRegistry()
+	_, err := New(Config{
+		Objects: func() []any { t.Error("the gauge listed the whole cache"); return nil },
+		Held:    func() ([]any, error) { return held, heldErr },
+		Metrics: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := func() float64 {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range families {
+			if mf.GetName() == "kopf_finalizer_waiting_objects" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no kopf_finalizer_waiting_objects")
+		return 0
+	}
+	if got := gauge(); got != 2 {
+		t.Errorf("kopf_finalizer_waiting_objects = %v, want 2", got)
+	}
+	heldErr = errors.New("index kopf-held does not exist")
+	if got := gauge(); !math.IsNaN(got) {
+		t.Errorf("kopf_finalizer_waiting_objects with the index unreadable = %v, want NaN", got)
+	}
+}
+
+// TestHeldIndexFunc files only the objects whose deletion kopf's finalizer
+// holds.
+func TestHeldIndexFunc(t *testing.T) {
+	deleting := &metav1.Time{Time: time.Now()}
+	for _, tc := range []struct {
+		name string
+		obj  any
+		want []string
+	}{
+		{"deleting, kopf's", &metav1.ObjectMeta{DeletionTimestamp: deleting, Finalizers: []string{"example.com/other", Finalizer}}, []string{HeldValue}},
+		{"live, kopf's", &metav1.ObjectMeta{Finalizers: []string{Finalizer}}, nil},
+		{"deleting, another only", &metav1.ObjectMeta{DeletionTimestamp: deleting, Finalizers: []string{"example.com/other"}}, nil},
+		{"not an object", "a tombstone", nil},
+	} {
+		got, err := HeldIndexFunc(tc.obj)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: HeldIndexFunc = %v, %v; want %v", tc.name, got, err, tc.want)
 		}
 	}
 }

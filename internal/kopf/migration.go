@@ -3,6 +3,7 @@ package kopf
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -62,8 +63,12 @@ type Config struct {
 	// FieldManager names the controller's writes.
 	FieldManager string
 	// Objects lists the controller's cache; entries that are not an
-	// Object are skipped.
+	// Object are skipped. Only the policy's proof reads it.
 	Objects func() []any
+	// Held is the cached objects HeldIndex files under HeldValue: those
+	// whose deletion kopf's finalizer holds. It feeds the gauge at every
+	// scrape, so it must cost O(held), not O(cache).
+	Held func() ([]any, error)
 	// Event posts an Event on an object.
 	Event func(obj runtime.Object, eventType, reason, message string)
 	// Metrics is where New registers the migration's metrics:
@@ -86,11 +91,18 @@ func New(cfg Config) (Migration, error) {
 		Name: "kopf_policy_bound",
 		Help: "1 once a dry run the admission policy uuid-controller-kopf-migration must deny was denied (--remove-kopf-finalizer); 0 before, or while such a dry run is allowed, when no kopf finalizer is removed.",
 	})
-	// Computed at each scrape, so it is exact without tracking keys.
+	// Computed at each scrape from the cache's index, so it is exact
+	// without tracking keys, and a scrape never walks the whole cache.
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kopf_finalizer_waiting_objects",
 		Help: "Uuid objects being deleted whose deletion waits for kopf's finalizer (see --remove-kopf-finalizer).",
-	}, func() float64 { return float64(held(cfg.Objects())) })
+	}, func() float64 {
+		objs, err := cfg.Held()
+		if err != nil {
+			return math.NaN() // the index is missing: unknown, not zero
+		}
+		return float64(len(objs))
+	})
 	for _, c := range []prometheus.Collector{removed, bound, waiting} {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, fmt.Errorf("registering the kopf migration's metrics: %w", err)
@@ -117,17 +129,6 @@ func objects(list []any) []Object {
 		}
 	}
 	return out
-}
-
-// held is the objects of list whose deletion kopf's finalizer holds.
-func held(list []any) int {
-	n := 0
-	for _, obj := range objects(list) {
-		if FinalizerIndex(obj) >= 0 {
-			n++
-		}
-	}
-	return n
 }
 
 // reporter is the Migration without --remove-kopf-finalizer: it removes
