@@ -80,11 +80,17 @@ func TestBenchSmoke(t *testing.T) {
 	if r.Memory.BaselineRSS <= 0 || r.Memory.BurstRSS <= 0 || r.Memory.RestartRSS <= 0 || r.Memory.BurstHeap <= 0 {
 		t.Errorf("memory not filled in: %+v", r.Memory)
 	}
-	if r.RestartReady <= 0 || r.RestartCPU <= 0 {
-		t.Errorf("restart time to ready or its CPU not measured: %v, %v", r.RestartReady, r.RestartCPU)
+	if r.RestartReady <= 0 {
+		t.Errorf("restart time to ready not measured: %v", r.RestartReady)
 	}
-	if r.BurstCPU <= 0 || r.QueueSamples == 0 {
-		t.Errorf("burst CPU or queue depth not measured: %v s, %d samples", r.BurstCPU, r.QueueSamples)
+	// CPU time comes from /proc in 10 ms ticks, so at N = 20 zero is a
+	// measurement (a restart over 20 objects can use less than a tick); a
+	// failed read fails the run itself. Negative is a broken subtraction.
+	if r.RestartCPU < 0 || r.BurstCPU < 0 {
+		t.Errorf("CPU time: restart %v s, burst %v s; want both measured, ≥ 0", r.RestartCPU, r.BurstCPU)
+	}
+	if r.QueueSamples == 0 {
+		t.Errorf("queue depth not measured: %d samples", r.QueueSamples)
 	}
 }
 
