@@ -213,3 +213,50 @@ func TestRemoveKopfFinalizerFlagIsOptIn(t *testing.T) {
 		t.Errorf("--remove-kopf-finalizer: %v, %v; want on", c, err)
 	}
 }
+
+// listCounter counts the full listings of the store it wraps.
+type listCounter struct {
+	objectStore
+	lists int
+}
+
+func (l *listCounter) List() []any { l.lists++; return l.objectStore.List() }
+
+// The kopf policy's proof samples one cached object every few seconds while
+// unproven: it reads the object sampled before by key, and lists the cache
+// only when that object is gone, once each time.
+func TestAnyCachedListsOnlyWhenTheSampleIsGone(t *testing.T) {
+	f := newFixture(t, Options{}, newUUIDObject("default", "a", "1"), newUUIDObject("default", "b", "2"))
+	store := &listCounter{objectStore: f.ctrl.store}
+	f.ctrl.store = store
+	sample := func(want int) string {
+		t.Helper()
+		first := f.ctrl.anyCached()
+		if first == nil {
+			t.Fatal("no object sampled from a cache holding some")
+		}
+		for range 3 {
+			if got := f.ctrl.anyCached(); got == nil || got.GetName() != first.GetName() {
+				t.Errorf("sampled %v after %s, want the same object while it is cached", got, first.GetName())
+			}
+		}
+		if store.lists != want {
+			t.Errorf("the cache was listed %d times in all, want %d", store.lists, want)
+		}
+		return first.GetName()
+	}
+	first := sample(1)
+	if err := f.indexer.Delete(toCached(newUUIDObject("default", first, "1"))); err != nil {
+		t.Fatal(err)
+	}
+	second := sample(2)
+	if second == first {
+		t.Errorf("sampled %s again after it left the cache", first)
+	}
+	if err := f.indexer.Delete(toCached(newUUIDObject("default", second, "1"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.ctrl.anyCached(); got != nil {
+		t.Errorf("sampled %s from an empty cache, want nil", got.GetName())
+	}
+}

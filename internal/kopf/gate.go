@@ -126,15 +126,15 @@ func (p *policyGate) Ready() error {
 	return nil
 }
 
-// proveAtStart probes the policy on any cached object, so a missing policy
-// shows at start rather than at the first deletion. With no object there
-// is nothing to remove yet; the first removal probes.
-func (p *policyGate) proveAtStart(ctx context.Context, objs []Object) {
-	for _, u := range objs {
-		if err := p.prove(ctx, u.GetNamespace(), u.GetName()); err != nil && !errors.Is(err, ErrPolicyMissing) {
-			klog.FromContext(ctx).Error(err, "Could not prove the admission policy binds this controller; the next finalizer removal tries again", "policy", PolicyName)
-		}
+// proveAtStart probes the policy on obj, any cached object, so a missing
+// policy shows at start rather than at the first deletion. With no object
+// (nil) there is nothing to remove yet; the first removal probes.
+func (p *policyGate) proveAtStart(ctx context.Context, obj Object) {
+	if obj == nil {
 		return
+	}
+	if err := p.prove(ctx, obj.GetNamespace(), obj.GetName()); err != nil && !errors.Is(err, ErrPolicyMissing) {
+		klog.FromContext(ctx).Error(err, "Could not prove the admission policy binds this controller; the next finalizer removal tries again", "policy", PolicyName)
 	}
 }
 
@@ -142,7 +142,7 @@ func (p *policyGate) proveAtStart(ctx context.Context, objs []Object) {
 // was allowed or the proof is stale (so /readyz and the gauge follow a
 // policy removed after start even with no removal waiting), until ctx is
 // cancelled.
-func (p *policyGate) reprobeWhileMissing(ctx context.Context, list func() []Object) {
+func (p *policyGate) reprobeWhileMissing(ctx context.Context, sample func() Object) {
 	t := time.NewTicker(p.reprobe)
 	defer t.Stop()
 	for {
@@ -152,7 +152,7 @@ func (p *policyGate) reprobeWhileMissing(ctx context.Context, list func() []Obje
 		case <-t.C:
 		}
 		if p.Ready() != nil || !p.fresh() {
-			p.proveAtStart(ctx, list())
+			p.proveAtStart(ctx, sample())
 		}
 	}
 }

@@ -61,7 +61,7 @@ func newGateFixture(t *testing.T, obj *unstructured.Unstructured, probe func(ctx
 	}
 	m, err := New(Config{
 		Remove: true, Client: client.Resource(testGVR), Resource: testGVR.GroupResource(), FieldManager: "test",
-		Objects: func() []any { return []any{obj} },
+		Any:     func() Object { return obj },
 		Event:   func(runtime.Object, string, string, string) {},
 		Metrics: prometheus.NewRegistry(),
 		Probe:   probe,
@@ -169,7 +169,7 @@ func TestKopfPolicyProvenAgainAfterAFailure(t *testing.T) {
 func TestKopfPolicyProvedAtStart(t *testing.T) {
 	answer, probes := ErrPolicyMissing, 0
 	f := policyFixture(t, &answer, &probes)
-	f.m.policy.proveAtStart(f.ctx, objects(f.m.cfg.Objects()))
+	f.m.policy.proveAtStart(f.ctx, f.m.cfg.Any())
 	if probes != 1 || f.m.Ready() == nil {
 		t.Errorf("%d probes at start, Ready %v; want 1 and the missing policy", probes, f.m.Ready())
 	}
@@ -190,7 +190,7 @@ func TestKopfPolicyReprobedWhileMissing(t *testing.T) {
 		return answer
 	})
 	f.m.policy.reprobe = 10 * time.Millisecond
-	f.m.policy.proveAtStart(f.ctx, objects(f.m.cfg.Objects()))
+	f.m.policy.proveAtStart(f.ctx, f.m.cfg.Any())
 	if f.m.Ready() == nil {
 		t.Fatal("ready with the policy missing")
 	}

@@ -82,7 +82,7 @@ func TestWaitingGaugeReadsTheIndex(t *testing.T) {
 	var heldErr error
 	reg := prometheus.NewRegistry()
 	_, err := New(Config{
-		Objects: func() []any { t.Error("the gauge listed the whole cache"); return nil },
+		Any:     func() Object { t.Error("the gauge read the cache"); return nil },
 		Held:    func() ([]any, error) { return held, heldErr },
 		Metrics: reg,
 	})

@@ -62,9 +62,10 @@ type Config struct {
 	Resource schema.GroupResource
 	// FieldManager names the controller's writes.
 	FieldManager string
-	// Objects lists the controller's cache; entries that are not an
-	// Object are skipped. Only the policy's proof reads it.
-	Objects func() []any
+	// Any is one object of the controller's cache, nil when it holds
+	// none: the policy's proof dry-runs on it at start and every few
+	// seconds while unproven, so it must not walk the cache.
+	Any func() Object
 	// Held is the cached objects HeldIndex files under HeldValue: those
 	// whose deletion kopf's finalizer holds. It feeds the gauge at every
 	// scrape, so it must cost O(held), not O(cache).
@@ -118,17 +119,6 @@ func New(cfg Config) (Migration, error) {
 		}
 	}
 	return &remover{cfg: cfg, removed: removed, policy: newPolicyGate(probe, bound)}, nil
-}
-
-// objects are the entries of list that are Objects.
-func objects(list []any) []Object {
-	var out []Object
-	for _, o := range list {
-		if obj, ok := o.(Object); ok {
-			out = append(out, obj)
-		}
-	}
-	return out
 }
 
 // reporter is the Migration without --remove-kopf-finalizer: it removes
@@ -195,8 +185,8 @@ func (m *remover) Release(ctx context.Context, obj Object) error {
 // Run proves the policy at start, so a missing one shows before the first
 // deletion, then again while it is missing or its proof is stale.
 func (m *remover) Run(ctx context.Context) {
-	m.policy.proveAtStart(ctx, objects(m.cfg.Objects()))
-	m.policy.reprobeWhileMissing(ctx, func() []Object { return objects(m.cfg.Objects()) })
+	m.policy.proveAtStart(ctx, m.cfg.Any())
+	m.policy.reprobeWhileMissing(ctx, m.cfg.Any)
 }
 
 func (m *remover) Ready() error { return m.policy.Ready() }
