@@ -156,9 +156,9 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	var err error
 	c.kopf, err = kopf.New(kopf.Config{
 		Remove: opts.RemoveKopfFinalizer, Client: c.client, Resource: uuidGVR.GroupResource(), FieldManager: FieldManager,
-		Any:     c.anyCached,
-		Held:    func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
-		Event:   c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
+		Any:   c.anyCached,
+		Held:  func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
+		Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
 	})
 	if err != nil {
 		return nil, err
