@@ -149,7 +149,7 @@ func (c *config) validate() error {
 
 // defaultWorkers keeps the queue near empty while creates run at the
 // apiserver's limit: each worker waits one round trip per object, so the
-// workers must outnumber the clients creating objects (BENCHMARKS.md: 16
+// workers must outnumber the clients creating objects (docs/flags.md: 16
 // fell behind 16 concurrent creators, 64 did not).
 const defaultWorkers = 64
 
@@ -160,7 +160,7 @@ const defaultWorkers = 64
 const noClientLimit = -1
 
 // maxWorkers bounds --workers: beyond it a typo costs memory, not speed (the
-// apiserver takes a few hundred writes a second; see BENCHMARKS.md).
+// apiserver takes a few hundred writes a second; see docs/flags.md).
 const maxWorkers = 1000
 
 func jitteredRetry(d time.Duration) time.Duration {
