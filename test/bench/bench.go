@@ -43,6 +43,10 @@ type Config struct {
 	// ControllerArgs are appended to the controller's flags (after
 	// --namespace), e.g. --workers=8.
 	ControllerArgs []string
+	// BurstAfterSweep starts each narrowed burst only once the controller's
+	// first sweep for malformed UUIDs has completed, so over -existing
+	// objects the burst is measured without that sweep beside it.
+	BurstAfterSweep bool
 	// Existing objects with a UUID are created in a namespace of their own
 	// before anything is measured (preload.go); the controller then runs
 	// over every namespace, so its restarts list them too.

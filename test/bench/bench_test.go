@@ -26,10 +26,12 @@ func TestBenchSmoke(t *testing.T) {
 		// A preload, then a warm-up that patches status: the CRD must
 		// serve its status subresource again by then.
 		Existing: 10,
-		Warmup:   2 * time.Second,
-		Settle:   time.Second,
-		Command:  "TestBenchSmoke",
-		Logger:   benchLogger(slog.LevelWarn),
+		// The burst waits for the first sweep over those (narrowed).
+		BurstAfterSweep: true,
+		Warmup:          2 * time.Second,
+		Settle:          time.Second,
+		Command:         "TestBenchSmoke",
+		Logger:          benchLogger(slog.LevelWarn),
 	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -45,6 +47,9 @@ func TestBenchSmoke(t *testing.T) {
 		if !strings.Contains(md, "| "+row.label+" |") {
 			t.Errorf("report has no row %q", row.label)
 		}
+	}
+	if !strings.Contains(md, "each narrowed burst after the controller's first sweep") {
+		t.Errorf("report does not say the burst waited for the sweep")
 	}
 	if !strings.Contains(md, "| N = 20, 4 creators |") {
 		t.Errorf("report has no column for N = 20")

@@ -97,6 +97,13 @@ func (b *bench) controllerCases(ctx context.Context, n int, r *Result) error {
 		return err
 	}
 	defer b.stopController(p)
+	if b.cfg.BurstAfterSweep && b.mode == "narrowed" {
+		start := time.Now()
+		if _, err := b.waitSweep(ctx, p, caseTimeout(n+b.cfg.Existing)); err != nil {
+			return fmt.Errorf("waiting for the first sweep before the burst: %w", err)
+		}
+		b.log.Info("first sweep done before the burst", "waited", time.Since(start).Round(time.Millisecond))
+	}
 	if err := b.burst(ctx, p, ns, n, r); err != nil {
 		return fmt.Errorf("burst: %w", err)
 	}
@@ -416,11 +423,10 @@ func (b *bench) scope(ns string) []string {
 	return []string{"--namespace", ns}
 }
 
-// sweep waits for the restarted leader's first sweep (narrowed watch) and
-// records its time (the controller's metric), CPU (the process's CPU since
-// it was ready) and the peak RSS so far.
-func (b *bench) sweep(ctx context.Context, p *cluster.ControllerProcess, r *Result) error {
-	ctx, cancel := context.WithTimeout(ctx, caseTimeout(r.N+r.Existing))
+// waitSweep waits up to timeout for controller p's first completed sweep
+// and returns its metrics then.
+func (b *bench) waitSweep(ctx context.Context, p *cluster.ControllerProcess, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var text string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
@@ -431,6 +437,14 @@ func (b *bench) sweep(ctx context.Context, p *cluster.ControllerProcess, r *Resu
 		n, err := cluster.MetricSum(text, "uuid_controller_sweeps_total", func(l map[string]string) bool { return l["result"] == "ok" })
 		return n >= 1, err
 	})
+	return text, err
+}
+
+// sweep waits for the restarted leader's first sweep (narrowed watch) and
+// records its time (the controller's metric), CPU (the process's CPU since
+// it was ready) and the peak RSS so far.
+func (b *bench) sweep(ctx context.Context, p *cluster.ControllerProcess, r *Result) error {
+	text, err := b.waitSweep(ctx, p, caseTimeout(r.N+r.Existing))
 	if err != nil {
 		return err
 	}

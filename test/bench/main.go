@@ -73,6 +73,7 @@ func parseFlags(args []string) (Config, string, error) {
 	idleInterval := fs.Duration("idle-interval", 100*time.Millisecond, "Time between the idle case's creates.")
 	settle := fs.Duration("settle", 3*time.Second, "Wait after a case's last expected write before reading write counters.")
 	ctrlArgs := fs.String("controller-args", "", "Extra controller flags, space-separated (e.g. \"--workers=8\").")
+	afterSweep := fs.Bool("burst-after-sweep", false, "Start each narrowed burst only after the controller's first sweep for malformed UUIDs completed (over -existing objects the sweep otherwise runs beside the burst).")
 	existing := fs.Int("existing", 0, "Objects with a UUID created (one create each) before anything is measured; the controller then watches every namespace.")
 	modes := fs.String("modes", "", "Comma-separated watches to measure, each over every N: narrowed (crd.yaml), full (its fallback). Default: the one $UUID_WATCH names.")
 	out := fs.String("o", "", "Also write the Markdown report to this file.")
@@ -114,6 +115,7 @@ func parseFlags(args []string) (Config, string, error) {
 		Settle:             *settle,
 		ControllerArgs:     strings.Fields(*ctrlArgs),
 		Existing:           *existing,
+		BurstAfterSweep:    *afterSweep,
 		Modes:              strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }),
 		Command:            "go run ./test/bench " + strings.Join(args, " "),
 		Logger:             benchLogger(level),

@@ -238,8 +238,12 @@ func (rep *Report) Markdown() string {
 	if len(c.ControllerArgs) > 0 {
 		ctrlArgs = strings.Join(c.ControllerArgs, " ")
 	}
-	fmt.Fprintf(&b, "Load: warm-up %s; idle: %d objects %s apart; controller flags: %s (plus --namespace)\n\n",
-		c.Warmup, c.IdleCount, c.IdleInterval, ctrlArgs)
+	afterSweep := ""
+	if c.BurstAfterSweep {
+		afterSweep = "; each narrowed burst after the controller's first sweep"
+	}
+	fmt.Fprintf(&b, "Load: warm-up %s; idle: %d objects %s apart; controller flags: %s (plus --namespace)%s\n\n",
+		c.Warmup, c.IdleCount, c.IdleInterval, ctrlArgs, afterSweep)
 
 	b.WriteString("| |")
 	for _, r := range rep.Results {
