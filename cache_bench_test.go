@@ -69,7 +69,7 @@ func BenchmarkInformerSync(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		cpu0 := processCPU(b)
-		informer := newInformer(infDyn, "bench", 0, false)
+		informer := newInformer(infDyn, "bench", 0, false, ignoreAccess)
 		if _, err := NewController(ctx, testDeps(dyn, informer, record.NewFakeRecorder(1), NewMetrics()), Options{}); err != nil {
 			b.Fatal(err)
 		}

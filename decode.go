@@ -536,9 +536,10 @@ func (s *scanner) integer() bool {
 // newCachedInformer is client-go's dynamicinformer.NewFilteredDynamicInformer
 // without an expected type: its reflector would drop every object that is
 // not an *unstructured.Unstructured, and the client from newInformerClient
-// decodes a Uuid as a *cachedUUID.
+// decodes a Uuid as a *cachedUUID. observe gets the error of each list
+// and watch request, nil when it succeeded (access.go).
 func newCachedInformer(client dynamic.Interface, namespace string, resync time.Duration,
-	tweak dynamicinformer.TweakListOptionsFunc) informers.GenericInformer {
+	tweak dynamicinformer.TweakListOptionsFunc, observe func(context.Context, error)) informers.GenericInformer {
 	res := client.Resource(uuidGVR).Namespace(namespace)
 	options := func(o metav1.ListOptions) metav1.ListOptions {
 		if tweak != nil {
@@ -548,10 +549,14 @@ func newCachedInformer(client dynamic.Interface, namespace string, resync time.D
 	}
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return res.List(ctx, options(o))
+			l, err := res.List(ctx, options(o))
+			observe(ctx, err)
+			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
-			return res.Watch(ctx, options(o))
+			wi, err := res.Watch(ctx, options(o))
+			observe(ctx, err)
+			return wi, err
 		},
 	}, client)
 	inf := cache.NewSharedIndexInformerWithOptions(lw, nil, cache.SharedIndexInformerOptions{

@@ -390,7 +390,7 @@ func TestInformerClientRelistsAfterGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inf := newInformer(dyn, "ns", 0, false).Informer()
+	inf := newInformer(dyn, "ns", 0, false, ignoreAccess).Informer()
 	if err := inf.SetTransform(trimForCache); err != nil {
 		t.Fatal(err)
 	}

@@ -91,8 +91,8 @@ func run(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return err
 	}
-	ready := readiness(w.HasSynced, readyCheck{"crd", crd.Ready}, readyCheck{"namespaces", nsCheck.Ready},
-		readyCheck{"kopf-migration-policy", ctrl.kopf.Ready})
+	ready := readiness(w.HasSynced, readyCheck{"watch", w.refusedAccess}, readyCheck{"crd", crd.Ready},
+		readyCheck{"namespaces", nsCheck.Ready}, readyCheck{"kopf-migration-policy", ctrl.kopf.Ready})
 	// Each deferred wait cancels ctx first: whatever ends run (an error, a
 	// lost lease), what it waits for stops only then.
 	waitServers, err := startServers(ctx, cancel, cfg, c.rest, ready, metrics, queueRegistry)
@@ -203,16 +203,19 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	newInf := func(namespace string, narrowed bool) informers.GenericInformer {
-		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed)
+	newInf := func(namespace string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer {
+		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed, observe)
 	}
-	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false), Status: c.status,
+	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false, ignoreAccess), Status: c.status,
 		Recorder: recorder, Metrics: metrics, CRD: crd}, cfg.opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	w = newWatch(cfg.namespaces, newInf, ctrl.attach, crd.Selectable, cfg.opts.RemoveKopfFinalizer, metrics.WatchNarrowed)
 	w.onWatchError = func() { crd.Suspect(); nsCheck.Poke() }
+	if err := metrics.Registry.Register(w.refusedMetric()); err != nil {
+		return nil, nil, nil, fmt.Errorf("registering the watch's metric: %w", err)
+	}
 	ctrl.useWatch(w, cfg.namespaces)
 	return ctrl, w, crd, nil
 }

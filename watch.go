@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -30,12 +29,13 @@ const selectableField = "status.uuid"
 // its own: the controller reads objects by key, and the namespace index a
 // shared informer factory adds costs memory for every object (attach adds
 // the kopf index, which costs only for the objects it holds).
-func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, narrowed bool) informers.GenericInformer {
+func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, narrowed bool,
+	observe func(context.Context, error)) informers.GenericInformer {
 	var tweak dynamicinformer.TweakListOptionsFunc
 	if narrowed {
 		tweak = func(o *metav1.ListOptions) { o.FieldSelector = pendingSelector }
 	}
-	return newCachedInformer(dyn, namespace, resync, tweak)
+	return newCachedInformer(dyn, namespace, resync, tweak, observe)
 }
 
 // watchModes tells which informer the CRD allows: narrowed is whether the
@@ -56,7 +56,7 @@ type watch struct {
 	// newInformer builds the informer of one namespace, narrowed or not;
 	// attach sets the controller's transform and handlers on it before it
 	// starts.
-	newInformer func(namespace string, narrowed bool) informers.GenericInformer
+	newInformer func(namespace string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer
 	attach      func(cache.SharedIndexInformer) error
 	modes       watchModes
 	// forceFull keeps the full informer whatever the CRD allows (the kopf
@@ -87,16 +87,17 @@ type runningInformer struct {
 	// infs holds each namespace's informer by name; "" is the one
 	// informer over all namespaces.
 	infs map[string]cache.SharedIndexInformer
-	// forbidden holds each namespace whose last list or watch was refused
-	// as Forbidden (string → bool): a scoped install not yet granted there.
-	forbidden sync.Map
-	narrowed  bool
-	stop      context.CancelFunc
-	done      chan struct{}
+	// refused holds each namespace whose last list or watch was refused
+	// (access.go), with the reason (string → string) until a request
+	// succeeds: a scoped install not yet granted there, or a grant removed.
+	refused  sync.Map
+	narrowed bool
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 // newWatch is a watch over namespaces (nil or [""]: all); Run starts it.
-func newWatch(namespaces []string, newInformer func(string, bool) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
+func newWatch(namespaces []string, newInformer func(string, bool, func(context.Context, error)) informers.GenericInformer, attach func(cache.SharedIndexInformer) error,
 	modes watchModes, forceFull bool, gauge prometheus.Gauge) *watch {
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
@@ -186,14 +187,13 @@ func (w *watch) start(ctx context.Context, narrowed bool) (*runningInformer, err
 	r := &runningInformer{infs: make(map[string]cache.SharedIndexInformer, len(w.namespaces)),
 		narrowed: narrowed, stop: stop, done: make(chan struct{})}
 	for _, ns := range w.namespaces {
-		inf := w.newInformer(ns, narrowed).Informer()
+		inf := w.newInformer(ns, narrowed, r.observe(ns)).Informer()
 		if err := w.attach(inf); err != nil {
 			stop()
 			return nil, err
 		}
 		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, refl *cache.Reflector, err error) {
 			cache.DefaultWatchErrorHandler(ctx, refl, err)
-			r.forbidden.Store(ns, apierrors.IsForbidden(err))
 			w.onWatchError()
 		}); err != nil {
 			stop()
@@ -218,7 +218,7 @@ func (r *runningInformer) synced(skipForbidden bool) bool {
 		if inf.HasSynced() {
 			continue
 		}
-		if forbidden, _ := r.forbidden.Load(ns); skipForbidden && ns != metav1.NamespaceAll && forbidden == true {
+		if reason, _ := r.refused.Load(ns); skipForbidden && ns != metav1.NamespaceAll && reason == string(metav1.StatusReasonForbidden) {
 			continue
 		}
 		return false

@@ -45,7 +45,9 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	})
 	var narrowed, known atomic.Bool
 	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"})
-	newInf := func(ns string, n bool) informers.GenericInformer { return newInformer(client, ns, 0, n) }
+	newInf := func(ns string, n bool, observe func(context.Context, error)) informers.GenericInformer {
+		return newInformer(client, ns, 0, n, observe)
+	}
 	f := newFixtureWithClient(t, client, Options{})
 	w := newWatch(nil, newInf, f.ctrl.attach, func() (bool, bool) { return narrowed.Load(), known.Load() }, false, gauge)
 	var sweeps atomic.Int32
@@ -253,7 +255,9 @@ func TestWatchServesWhileOneNamespaceForbidden(t *testing.T) {
 func runWatchOver(t *testing.T, ctx context.Context, client *dynamicfake.FakeDynamicClient, namespaces []string, modes watchModes) (*watch, *fixture) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	newInf := func(ns string, n bool) informers.GenericInformer { return newInformer(client, ns, 0, n) }
+	newInf := func(ns string, n bool, observe func(context.Context, error)) informers.GenericInformer {
+		return newInformer(client, ns, 0, n, observe)
+	}
 	f := newFixtureWithClient(t, client, Options{})
 	w := newWatch(namespaces, newInf, f.ctrl.attach, modes, false, prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"}))
 	f.ctrl.useWatch(w, namespaces)
@@ -279,8 +283,8 @@ func TestWatchAllNamespacesForbiddenWaits(t *testing.T) {
 		if cur == nil {
 			return false
 		}
-		forbidden, _ := cur.forbidden.Load(metav1.NamespaceAll)
-		return forbidden == true
+		reason, _ := cur.refused.Load(metav1.NamespaceAll)
+		return reason == string(metav1.StatusReasonForbidden)
 	}); err != nil {
 		t.Fatalf("the refused list was never recorded: %v", err)
 	}

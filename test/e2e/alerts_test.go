@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -624,6 +626,90 @@ func TestAlertMetricsReviewsFailing(t *testing.T) {
 	if n := dropped.Load(); n < 2 {
 		t.Errorf("the alert fired with %d TokenReviews dropped, want 2 or more", n)
 	}
+}
+
+// TestAlertWatchRefused: a controller whose ClusterRole is the shipped one
+// without list and watch on uuid is refused by the apiserver's RBAC: the
+// shipped rules fire UuidControllerWatchRefused for its namespace, /readyz
+// names the watch check, and the refusal is logged once. Bound to the
+// shipped ClusterRole, the same process serves the namespace without a
+// restart and logs that once too.
+func TestAlertWatchRefused(t *testing.T) {
+	ctx := testCtx(t)
+	m := newMonitored(ctx, t)
+	const sa = "uuid-controller-refused"
+	kc, err := env.cluster.ServiceAccountKubeconfig(ctx, m.ns, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := env.kube.RbacV1().ClusterRoles().Get(ctx, "uuid-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: m.ns + "-refused"}}
+	for _, r := range shipped.Rules {
+		if !slices.Contains(r.Resources, "uuid") {
+			refused.Rules = append(refused.Rules, r)
+		}
+	}
+	if len(refused.Rules) != len(shipped.Rules)-1 {
+		t.Fatalf("the shipped ClusterRole has %d rules on uuid, want one: %+v", len(shipped.Rules)-len(refused.Rules), shipped.Rules)
+	}
+	bind := func(role string) {
+		t.Helper()
+		b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: m.ns + "-" + role},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: m.ns, Name: sa}}}
+		if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = env.kube.RbacV1().ClusterRoleBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+		})
+	}
+	if _, err := env.kube.RbacV1().ClusterRoles().Create(ctx, refused, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.kube.RbacV1().ClusterRoles().Delete(context.Background(), refused.Name, metav1.DeleteOptions{})
+	})
+	bind(refused.Name)
+	user := "system:serviceaccount:" + m.ns + ":" + sa
+	if err := env.fw.WaitAllowed(ctx, 10*time.Second, user+" to be allowed its reviews", authorizationv1.SubjectAccessReviewSpec{
+		User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	p := m.launchVia(ctx, t, kc)
+	prom := m.startPrometheus(ctx, t, p)
+	a, body := waitFiring(ctx, t, prom, "UuidControllerWatchRefused", map[string]string{"namespace": m.ns, "reason": "Forbidden"}, 2*time.Minute)
+	t.Logf("/api/v1/alerts: %s", body)
+	if a.Labels["severity"] != "critical" || alertValue(t, a) != 1 {
+		t.Errorf("alert %+v, want severity critical and value 1", a)
+	}
+	if code, body, err := p.Readyz(ctx); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "[-]watch failed") {
+		t.Errorf("/readyz = %d %q (%v) while refused, want 503 naming the watch check", code, body, err)
+	}
+	const refusedLine, allowedLine = "Listing or watching Uuid objects refused", "Listing and watching Uuid objects allowed again"
+	if n := strings.Count(p.Output(), refusedLine); n != 1 {
+		t.Errorf("the log has %d lines %q, want one:\n%s", n, refusedLine, p.Output())
+	}
+
+	bind("uuid-controller")
+	env.fw.WaitUUIDs(ctx, t, m.ns, env.fw.CreateUuids(ctx, t, m.ns, "granted", 2), 2*time.Minute)
+	if err := p.WaitReady(ctx, time.Minute); err != nil {
+		t.Errorf("not ready once granted: %v", err)
+	}
+	if v := metricReachesWithin(ctx, t, p, "uuid_controller_watch_refused", func(l map[string]string) bool {
+		return l["namespace"] == m.ns && l["reason"] == "Forbidden"
+	}, 0); v != 0 {
+		t.Errorf("uuid_controller_watch_refused = %v once granted, want 0", v)
+	}
+	if n := strings.Count(p.Output(), allowedLine); n != 1 {
+		t.Errorf("the log has %d lines %q once granted, want one", n, allowedLine)
+	}
+	mustStayRunning(t, p)
 }
 
 // docMetricRow is a row of docs/metrics.md's metrics table; hack/prometheus
