@@ -105,6 +105,17 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"/extraArgs/0"}},
 		{"extra arg renames the Lease", []string{"--set", "extraArgs={--leader-elect-name=other}"},
 			[]string{"/extraArgs/0"}},
+		// Nor turn off what the chart's own checks and objects rely on.
+		{"extra arg turns leader election off", []string{"--set", "extraArgs={--leader-elect=false}"},
+			[]string{"/extraArgs/0", "'not' failed"}},
+		{"extra arg moves the health port off the probes", []string{"--set", "extraArgs={--health-addr=:8081}"},
+			[]string{"/extraArgs/0", "'not' failed"}},
+		{"extra arg moves the metrics port off the Service", []string{"--set", "extraArgs={--metrics-addr=:9443}"},
+			[]string{"/extraArgs/0", "'not' failed"}},
+		{"extra arg removes kopf's finalizer without its grant", []string{"--set", "extraArgs={--remove-kopf-finalizer}"},
+			[]string{"/extraArgs/0", "'not' failed"}},
+		{"namespace created with no name", []string{"--set", "namespace.name="},
+			[]string{"namespace.create: true needs namespace.name"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

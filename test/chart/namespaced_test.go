@@ -67,3 +67,31 @@ func TestChartAggregateRoles(t *testing.T) {
 func only(objs []*unstructured.Unstructured, s string) []*unstructured.Unstructured {
 	return slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return !strings.Contains(o.GetName(), s) })
 }
+
+// TestChartNotesExampleInAWatchedNamespace: the notes' example object goes
+// where the controller looks, the first namespace of watchNamespaces, and
+// into default only when every namespace is watched.
+func TestChartNotesExampleInAWatchedNamespace(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, "default"},
+		{[]string{"--set", "watchNamespaces={team-a,team-b}"}, "team-a"},
+	} {
+		out, errOut, err := run(t, "helm", append([]string{"install", "uuid-controller", chartDir, "--dry-run=client", "-n", "ops", "--set", "namespace.name=ops"}, c.set...)...)
+		if err != nil {
+			t.Fatalf("helm install --dry-run %v: %v\n%s", c.set, err, errOut)
+		}
+		i := strings.Index(out, "NOTES:")
+		if i < 0 {
+			t.Fatalf("helm install --dry-run %v printed no notes:\n%s", c.set, out)
+		}
+		notes := out[i:]
+		for _, w := range []string{"metadata: {name: example, namespace: " + c.want + "}", "kubectl -n " + c.want + " wait uuid/example"} {
+			if !strings.Contains(notes, w) {
+				t.Errorf("helm install %v: the notes do not say %q:\n%s", c.set, w, notes)
+			}
+		}
+	}
+}

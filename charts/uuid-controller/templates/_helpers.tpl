@@ -53,4 +53,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if and (not .Values.namespace.name) (not .Release.Namespace) }}
 {{- fail "namespace.name is empty and the release has no namespace" }}
 {{- end }}
+{{- if and .Values.namespace.create (not .Values.namespace.name) }}
+{{- fail "namespace.create: true needs namespace.name: the release's namespace exists already (Helm keeps the release in it), so install into it with --set namespace.create=false" }}
+{{- end }}
 {{- end }}
