@@ -389,7 +389,10 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		return c.assignUUID(ctx, obj)
 	case kopf.FinalizerIndex(obj) >= 0:
 		// Released with --remove-kopf-finalizer, else reported with the fix.
-		return c.kopf.Release(ctx, obj)
+		if err := c.kopf.Release(ctx, obj); err != nil {
+			return fmt.Errorf("%w: %w", errRelease, err)
+		}
+		return nil
 	default:
 		// A UUID is never regenerated: not on update, resync or restart.
 		logger.V(4).Info("Object already has a UUID", "uuid", obj.status().UUID)
@@ -484,6 +487,10 @@ func (c *Controller) event(obj runtime.Object, eventType, reason, message string
 	c.recorder.Event(obj, eventType, reason, message)
 }
 
+// errRelease wraps a failure to release an object from kopf's finalizer,
+// so handleErr tells it from a UUID not assigned.
+var errRelease = errors.New("releasing the object from kopf's finalizer")
+
 // handleErr is the one place for retry policy. Everything but a request the
 // apiserver rejects as malformed is retried for as long as it takes, with
 // backoff: an outage, a 429 or a missing RBAC grant all heal without a
@@ -530,11 +537,18 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		// resets when the streak ends (success, deletion, a rejected
 		// request). A conflict counts as an attempt too; should it fall on
 		// the ErrorAfter-th, that streak goes unreported.
-		report := attempts == c.opts.ErrorAfter
+		// A failed release is not reported in status: the object has its
+		// UUID, and kopf's Warning Event already names the failure.
+		release := errors.Is(err, errRelease)
+		report := attempts == c.opts.ErrorAfter && !release
 		// Two error lines a streak, when it starts and when it is reported;
 		// the retries between are at -v=2, or an outage would log every
 		// object at every retry.
 		switch {
+		case release && attempts == 1:
+			logger.Error(err, "Failed to remove kopf's finalizer from an object being deleted, will retry", "object", ref)
+		case release:
+			logger.V(2).Info("Failed to remove kopf's finalizer again, will retry", "object", ref, "attempt", attempts, "err", err)
 		case report:
 			logger.Error(err, "Failed to assign UUID; reporting it on the object, retrying goes on", "object", ref,
 				"attempts", attempts)

@@ -260,3 +260,32 @@ func TestAnyCachedListsOnlyWhenTheSampleIsGone(t *testing.T) {
 		t.Errorf("sampled %s from an empty cache, want nil", got.GetName())
 	}
 }
+
+// A removal that keeps failing is logged as that, once at -v=0 when the
+// streak starts, and never reported as a UUID not assigned: the object has
+// its UUID, and kopf's Warning Event names the failure.
+func TestKopfRemovalFailureLogLines(t *testing.T) {
+	obj := kopfObject("deleting", true)
+	f := newFixture(t, Options{RemoveKopfFinalizer: true, ErrorAfter: 3}, obj)
+	f.client.PrependReactor("patch", "uuid", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("overloaded")
+	})
+	logger, logs := testlog.New(t, 0)
+	f.ctx = klog.NewContext(f.ctx, logger)
+	k := key("default", "deleting")
+	f.ctrl.queue.Add(k)
+	for range 5 {
+		f.drive(1)
+	}
+	var lines []string
+	for _, e := range logs.Entries() {
+		lines = append(lines, string(e.Type)+" "+e.Message)
+	}
+	want := []string{"ERROR Failed to remove kopf's finalizer from an object being deleted, will retry"}
+	if !slices.Equal(lines, want) {
+		t.Errorf("-v=0 log lines for 5 failed removals:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+	if got := f.ctrl.queue.NumRequeues(k); got != 5 {
+		t.Errorf("requeues = %d, want 5: a failed removal is retried", got)
+	}
+}

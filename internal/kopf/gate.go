@@ -35,6 +35,10 @@ type policyGate struct {
 	proven   bool      // a probe was denied, and no removal has failed since
 	provenAt time.Time // when that probe was denied
 	missing  bool      // the last probe was allowed
+	// said is whether the policy's binding was logged since it was last
+	// found missing: forget after each failed removal must not log it
+	// again at every retry.
+	said bool
 }
 
 // newPolicyGate is a gate that proves the policy with probe and reports
@@ -78,16 +82,20 @@ func (p *policyGate) record(ctx context.Context, err error) {
 	logger := klog.FromContext(ctx)
 	missing := errors.Is(err, ErrPolicyMissing)
 	p.mu.Lock()
-	wasMissing, wasProven := p.missing, p.proven
+	wasMissing, said := p.missing, p.said
 	p.proven, p.missing = err == nil, missing
 	if err == nil {
 		p.provenAt = p.now()
+		p.said = true
+	}
+	if missing {
+		p.said = false
 	}
 	p.mu.Unlock()
 	switch {
 	case err == nil:
 		p.bound.Set(1)
-		if !wasProven {
+		if !said {
 			logger.Info("The admission policy binds this controller; removing kopf's finalizer from objects being deleted", "policy", PolicyName)
 		}
 	case missing:

@@ -163,6 +163,38 @@ func TestKopfPolicyProvenAgainAfterAFailure(t *testing.T) {
 	}
 }
 
+// The policy's binding is logged when it is first proven and when it is
+// proven again after being found missing, not at each proof that follows
+// a failed removal: a removal failing for an hour would log it at every
+// retry.
+func TestKopfPolicyBindingLoggedOncePerChange(t *testing.T) {
+	logger, logs := testlog.New(t, 0)
+	ctx := klog.NewContext(context.Background(), logger)
+	g := newPolicyGate(nil, prometheus.NewGauge(prometheus.GaugeOpts{Name: "bound"}))
+	const binds = "The admission policy binds this controller; removing kopf's finalizer from objects being deleted"
+	count := func() int {
+		n := 0
+		for _, m := range logs.Messages() {
+			if m == binds {
+				n++
+			}
+		}
+		return n
+	}
+	for range 3 {
+		g.record(ctx, nil)
+		g.forget()
+	}
+	if n := count(); n != 1 {
+		t.Errorf("binding logged %d times over three proofs, each after a failed removal, want 1", n)
+	}
+	g.record(ctx, ErrPolicyMissing)
+	g.record(ctx, nil)
+	if n := count(); n != 2 {
+		t.Errorf("binding logged %d times once proven again after it was missing, want 2", n)
+	}
+}
+
 // At start the policy is probed on a cached object, so a missing policy
 // shows before the first deletion; with no object there is nothing to
 // probe or remove.
