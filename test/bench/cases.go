@@ -31,6 +31,9 @@ type Throughput struct {
 	Early int
 	// Retries counts requests repeated after a transient error.
 	Retries int64
+	// Relists counts the benchmark's watch expiring (410) and starting
+	// again from a list; objects found by a list count as seen then.
+	Relists int
 }
 
 // load creates n objects obj-000000... in ns at b.conc, patching
@@ -66,11 +69,12 @@ func (b *bench) load(ctx context.Context, ns string, n int, patch bool) (Through
 		FromTimestamp: Summarize(fromTS),
 		Early:         early,
 		Retries:       l.retries.Load(),
+		Relists:       obs.relisted(),
 	}
 	t.PerSecond = float64(n) / t.Elapsed.Seconds()
 	b.log.Info("load done", "namespace", ns, "n", n, "statusPatches", patch, "createsDone", createsDone.Round(time.Millisecond),
 		"elapsed", t.Elapsed.Round(time.Millisecond), "perSecond", int(t.PerSecond),
-		"p50", t.Latency.P50, "p99", t.Latency.P99, "retries", t.Retries, "early", early)
+		"p50", t.Latency.P50, "p99", t.Latency.P99, "retries", t.Retries, "early", early, "relists", t.Relists)
 	return t, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
@@ -23,6 +24,7 @@ import (
 // first delivered it with a non-empty status.uuid.
 type observer struct {
 	prefix string
+	client dynamic.ResourceInterface
 	cancel context.CancelFunc
 	done   chan struct{}
 	notify chan struct{} // a value is sent (without blocking) on every first sighting
@@ -31,6 +33,7 @@ type observer struct {
 	created map[string]time.Time // create call returned
 	seen    map[string]sighting
 	err     error // the watch ended before it was stopped
+	relists int   // times the watch expired and the namespace was listed again
 }
 
 type sighting struct {
@@ -40,7 +43,8 @@ type sighting struct {
 
 // observe starts a watch on ns from the namespace's current resourceVersion,
 // so only changes after the call are seen. The watch is re-established on
-// its own if the apiserver closes it. Call stop when done.
+// its own if the apiserver closes it, and after it expires (410) from a new
+// list. Call stop when done.
 func observe(ctx context.Context, dyn dynamic.Interface, ns, prefix string) (*observer, error) {
 	client := dyn.Resource(cluster.UuidGVR).Namespace(ns)
 	// A list of one item still carries the collection's current resourceVersion.
@@ -49,17 +53,14 @@ func observe(ctx context.Context, dyn dynamic.Interface, ns, prefix string) (*ob
 		return nil, fmt.Errorf("listing %s to start a watch: %w", ns, err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	w, err := watchtools.NewRetryWatcherWithContext(wctx, list.GetResourceVersion(), &cache.ListWatch{
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return client.Watch(ctx, opts)
-		},
-	})
+	w, err := watchFrom(wctx, client, list.GetResourceVersion())
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("watching %s: %w", ns, err)
+		return nil, err
 	}
 	o := &observer{
 		prefix:  prefix,
+		client:  client,
 		cancel:  cancel,
 		done:    make(chan struct{}),
 		notify:  make(chan struct{}, 1),
@@ -70,9 +71,22 @@ func observe(ctx context.Context, dyn dynamic.Interface, ns, prefix string) (*ob
 	return o, nil
 }
 
+// watchFrom watches client's objects from resourceVersion rv on.
+func watchFrom(ctx context.Context, client dynamic.ResourceInterface, rv string) (*watchtools.RetryWatcher, error) {
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, rv, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return client.Watch(ctx, opts)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watching from resourceVersion %s: %w", rv, err)
+	}
+	return w, nil
+}
+
 func (o *observer) run(ctx context.Context, w *watchtools.RetryWatcher) {
 	defer close(o.done)
-	defer w.Stop()
+	defer func() { w.Stop() }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -82,9 +96,65 @@ func (o *observer) run(ctx context.Context, w *watchtools.RetryWatcher) {
 				o.fail(errors.New("watch closed"))
 				return
 			}
+			if expired(ev) {
+				next, err := o.relist(ctx)
+				if err != nil {
+					o.fail(err)
+					return
+				}
+				w.Stop()
+				w = next
+				continue
+			}
 			o.handle(ev)
 		}
 	}
+}
+
+// expired tells whether ev ends a watch whose resourceVersion the
+// apiserver no longer holds events from (410), as a watch that falls
+// behind a burst can.
+func expired(ev watch.Event) bool {
+	if ev.Type != watch.Error {
+		return false
+	}
+	err := apierrors.FromObject(ev.Object)
+	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
+}
+
+// relist catches up after the watch expired: it lists the namespace, takes
+// every object in it as seen now (which can be later than a watch would
+// have delivered it, so latencies err long), and watches again from the
+// list's resourceVersion.
+func (o *observer) relist(ctx context.Context) (*watchtools.RetryWatcher, error) {
+	o.mu.Lock()
+	o.relists++
+	o.mu.Unlock()
+	opts := metav1.ListOptions{Limit: 500}
+	rv := ""
+	for {
+		list, err := o.client.List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("listing again after the watch expired: %w", err)
+		}
+		for i := range list.Items {
+			o.handle(watch.Event{Type: watch.Added, Object: &list.Items[i]})
+		}
+		if rv == "" {
+			rv = list.GetResourceVersion() // every page is of the first one's snapshot
+		}
+		if opts.Continue = list.GetContinue(); opts.Continue == "" {
+			return watchFrom(ctx, o.client, rv)
+		}
+	}
+}
+
+// relisted is how many times the watch expired and was started again
+// from a list.
+func (o *observer) relisted() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.relists
 }
 
 func (o *observer) handle(ev watch.Event) {

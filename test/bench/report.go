@@ -270,6 +270,10 @@ func (rep *Report) Markdown() string {
 				fmt.Fprintf(&b, "\nN = %s, %s: %d requests retried after transient errors; %d objects seen with a UUID before their create call returned (counted as 0 ms).\n",
 					thousands(r.N), t.name, t.t.Retries, t.t.Early)
 			}
+			if t.t.Relists > 0 {
+				fmt.Fprintf(&b, "\nN = %s, %s: the benchmark's watch fell behind and expired %d times; the objects a list then found count as seen at that list, so this latency errs long.\n",
+					thousands(r.N), t.name, t.t.Relists)
+			}
 		}
 		if r.IdleEarly > 0 {
 			fmt.Fprintf(&b, "\nN = %s, idle: %d objects seen with a UUID before their create call returned (counted as 0 ms).\n",
