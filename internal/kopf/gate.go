@@ -32,13 +32,9 @@ type policyGate struct {
 	now     func() time.Time // tests replace it
 
 	mu       sync.Mutex
-	proven   bool      // a probe was denied, and no removal has failed since
-	provenAt time.Time // when that probe was denied
+	proven   bool      // a probe was denied since the policy was last found missing
+	provenAt time.Time // when that probe was denied; zero once a removal failed
 	missing  bool      // the last probe was allowed
-	// said is whether the policy's binding was logged since it was last
-	// found missing: forget after each failed removal must not log it
-	// again at every retry.
-	said bool
 }
 
 // newPolicyGate is a gate that proves the policy with probe and reports
@@ -82,20 +78,19 @@ func (p *policyGate) record(ctx context.Context, err error) {
 	logger := klog.FromContext(ctx)
 	missing := errors.Is(err, ErrPolicyMissing)
 	p.mu.Lock()
-	wasMissing, said := p.missing, p.said
-	p.proven, p.missing = err == nil, missing
+	wasMissing, wasProven := p.missing, p.proven
+	p.missing = missing
 	if err == nil {
-		p.provenAt = p.now()
-		p.said = true
+		p.proven, p.provenAt = true, p.now()
 	}
 	if missing {
-		p.said = false
+		p.proven = false
 	}
 	p.mu.Unlock()
 	switch {
 	case err == nil:
 		p.bound.Set(1)
-		if !said {
+		if !wasProven {
 			logger.Info("The admission policy binds this controller; removing kopf's finalizer from objects being deleted", "policy", PolicyName)
 		}
 	case missing:
@@ -116,10 +111,11 @@ func (p *policyGate) fresh() bool {
 }
 
 // forget makes the next removal prove the policy again: one just failed,
-// and the policy may be why.
+// and the policy may be why. What was proven stands, so proving it again
+// is not news to log.
 func (p *policyGate) forget() {
 	p.mu.Lock()
-	p.proven = false
+	p.provenAt = time.Time{}
 	p.mu.Unlock()
 }
 
