@@ -16,7 +16,6 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -637,44 +636,9 @@ func TestAlertMetricsReviewsFailing(t *testing.T) {
 func TestAlertWatchRefused(t *testing.T) {
 	ctx := testCtx(t)
 	m := newMonitored(ctx, t)
-	const sa = "uuid-controller-refused"
-	kc, err := env.cluster.ServiceAccountKubeconfig(ctx, m.ns, sa)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shipped, err := env.kube.RbacV1().ClusterRoles().Get(ctx, "uuid-controller", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: m.ns + "-refused"}}
-	for _, r := range shipped.Rules {
-		if !slices.Contains(r.Resources, "uuid") {
-			refused.Rules = append(refused.Rules, r)
-		}
-	}
-	if len(refused.Rules) != len(shipped.Rules)-1 {
-		t.Fatalf("the shipped ClusterRole has %d rules on uuid, want one: %+v", len(shipped.Rules)-len(refused.Rules), shipped.Rules)
-	}
-	bind := func(role string) {
-		t.Helper()
-		b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: m.ns + "-" + role},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: m.ns, Name: sa}}}
-		if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = env.kube.RbacV1().ClusterRoleBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
-		})
-	}
-	if _, err := env.kube.RbacV1().ClusterRoles().Create(ctx, refused, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = env.kube.RbacV1().ClusterRoles().Delete(context.Background(), refused.Name, metav1.DeleteOptions{})
-	})
-	bind(refused.Name)
-	user := "system:serviceaccount:" + m.ns + ":" + sa
+	const sa = "uuid-controller-no-list"
+	kc := withoutRule(t, sa, "uuid")
+	user := "system:serviceaccount:" + cluster.ControllerNamespace + ":" + sa
 	if err := env.fw.WaitAllowed(ctx, 10*time.Second, user+" to be allowed its reviews", authorizationv1.SubjectAccessReviewSpec{
 		User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"},
 	}); err != nil {
@@ -696,7 +660,7 @@ func TestAlertWatchRefused(t *testing.T) {
 		t.Errorf("the log has %d lines %q, want one:\n%s", n, refusedLine, p.Output())
 	}
 
-	bind("uuid-controller")
+	grantFull(ctx, t, sa)
 	env.fw.WaitUUIDs(ctx, t, m.ns, env.fw.CreateUuids(ctx, t, m.ns, "granted", 2), 2*time.Minute)
 	if err := p.WaitReady(ctx, time.Minute); err != nil {
 		t.Errorf("not ready once granted: %v", err)

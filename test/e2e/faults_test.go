@@ -150,7 +150,7 @@ func TestEtcdOutage(t *testing.T) {
 	want := env.fw.WaitUUIDs(ctx, t, ns, before, 30*time.Second)
 
 	startEtcd := stopEtcd(t)
-	time.Sleep(20 * time.Second)
+	time.Sleep(20 * time.Second) // the outage's length is what is tested: no signal ends it sooner
 	mustStayRunning(t, p)
 	startEtcd(ctx)
 	after := createAfterOutage(ctx, t, ns, "after", 10)

@@ -61,6 +61,21 @@ func withoutRule(t *testing.T, name, resource string) string {
 	return kc
 }
 
+// grantFull binds withoutRule's ServiceAccount name to the shipped
+// ClusterRole as well (the binding name-granted, which withoutRule's
+// cleanup removes).
+func grantFull(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-granted"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "uuid-controller"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: cluster.ControllerNamespace, Name: name}},
+	}
+	if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestForbiddenStatusPatch: without permission to patch uuid/status the
 // controller says so clearly (a Warning Event on the object, an error log,
 // a metric), keeps retrying with capped backoff instead of hot-looping or
@@ -137,14 +152,7 @@ func TestForbiddenStatusPatch(t *testing.T) {
 
 	// Grant the full role; a retry within --max-retry-delay of the grant
 	// reaching the authorizer assigns the UUID.
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: sa + "-granted"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "uuid-controller"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: cluster.ControllerNamespace, Name: sa}},
-	}
-	if _, err := env.kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantFull(ctx, t, sa)
 	env.fw.WaitUUIDs(ctx, t, ns, []string{"denied-0"}, 30*time.Second)
 	if d := metricReaches(ctx, t, p, "uuid_controller_uuids_assigned_total", nil, 1); d != 1 {
 		t.Errorf("uuids_assigned_total = %v, want 1", d)
