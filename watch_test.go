@@ -45,9 +45,7 @@ func TestWatchFollowsTheCRD(t *testing.T) {
 	})
 	var narrowed, known atomic.Bool
 	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"})
-	newInf := func(ns string, n bool, observe func(context.Context, error)) informers.GenericInformer {
-		return newInformer(client, ns, 0, n, observe)
-	}
+	newInf := informersOver(client)
 	f := newFixtureWithClient(t, client, Options{})
 	w := newWatch(nil, newInf, f.ctrl.attach, func() (bool, bool) { return narrowed.Load(), known.Load() }, false, gauge)
 	var sweeps atomic.Int32
@@ -250,14 +248,19 @@ func TestWatchServesWhileOneNamespaceForbidden(t *testing.T) {
 	}
 }
 
+// informersOver is watch's newInformer over client, with no resync.
+func informersOver(client *dynamicfake.FakeDynamicClient) func(string, bool, func(context.Context, error)) informers.GenericInformer {
+	return func(ns string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer {
+		return newInformer(client, ns, 0, narrowed, observe)
+	}
+}
+
 // runWatchOver runs a watch over namespaces, fed by client and following
 // modes, for a fixture's controller, until the test ends.
 func runWatchOver(t *testing.T, ctx context.Context, client *dynamicfake.FakeDynamicClient, namespaces []string, modes watchModes) (*watch, *fixture) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	newInf := func(ns string, n bool, observe func(context.Context, error)) informers.GenericInformer {
-		return newInformer(client, ns, 0, n, observe)
-	}
+	newInf := informersOver(client)
 	f := newFixtureWithClient(t, client, Options{})
 	w := newWatch(namespaces, newInf, f.ctrl.attach, modes, false, prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"}))
 	f.ctrl.useWatch(w, namespaces)
