@@ -380,3 +380,34 @@ func TestPinnedToolchain(t *testing.T) {
 		t.Errorf("a go.mod without a toolchain: %v", err)
 	}
 }
+
+// TestBaseToolchainEnv: a golang build stage of an older release is
+// accepted only when its ENV GOTOOLCHAIN names go.mod's toolchain exactly,
+// so docker fetches that Go (checksum-verified) and compiles with it.
+func TestBaseToolchainEnv(t *testing.T) {
+	const base = "golang:1.26.8-bookworm@sha256:a688600ca24f8a4d3ca77f95b0dd40704a9fc787c826660eb7ba0b641b8b175d"
+	dockerfile := func(env string) string {
+		return "FROM --platform=$BUILDPLATFORM " + base + " AS build\n" + env +
+			"RUN CGO_ENABLED=0 go build -trimpath -o /x .\n" +
+			"FROM scratch\nCOPY --from=build /x /x\nUSER 65532:65532\nENTRYPOINT [\"/x\"]\n"
+	}
+	for _, c := range []struct {
+		name, env, toolchain, want string
+	}{
+		{"the image's own Go", "", "go1.26.8", ""},
+		{"ENV names the toolchain", "ENV GOTOOLCHAIN=go1.27.3\n", "go1.27.3", ""},
+		{"no ENV, older image", "", "go1.27.3", "set ENV GOTOOLCHAIN=go1.27.3"},
+		{"ENV names another Go", "ENV GOTOOLCHAIN=go1.27.2\n", "go1.27.3", "sets GOTOOLCHAIN=go1.27.2, but go.mod pins toolchain go1.27.3"},
+		{"ENV local on the right image", "ENV GOTOOLCHAIN=local\n", "go1.26.8", "sets GOTOOLCHAIN=local"},
+	} {
+		s, err := parseDockerfile(strings.NewReader(dockerfile(c.env)))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		err = checkBaseToolchain(s, c.toolchain)
+		t.Logf("%s: %v", c.name, err)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
+	}
+}

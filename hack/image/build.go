@@ -185,9 +185,12 @@ func checkGoVersion(file, toolchain string) error {
 	return nil
 }
 
-// checkBaseToolchain refuses a Dockerfile whose golang build image is
-// another Go release than go.mod's toolchain: docker and make image would
-// compile with different Go.
+// checkBaseToolchain refuses a Dockerfile whose golang build stage would
+// compile with another Go release than go.mod's toolchain: docker and make
+// image would build different binaries. The stage compiles with its image's
+// Go, or with the toolchain its ENV GOTOOLCHAIN names, which the go command
+// fetches from the module proxy and verifies against the checksum database:
+// that ENV must then name go.mod's toolchain exactly.
 func checkBaseToolchain(s *spec, toolchain string) error {
 	version := strings.TrimPrefix(toolchain, "go")
 	for _, b := range s.Bases {
@@ -196,8 +199,14 @@ func checkBaseToolchain(s *spec, toolchain string) error {
 		if !ok || (repo != "golang" && repo != "docker.io/library/golang") {
 			continue
 		}
+		if env, set := s.GoToolchains[b]; set {
+			if env != toolchain {
+				return fmt.Errorf("Dockerfile: the stage FROM %s sets GOTOOLCHAIN=%s, but go.mod pins toolchain %s", b, env, toolchain)
+			}
+			continue
+		}
 		if tag != version && !strings.HasPrefix(tag, version+"-") {
-			return fmt.Errorf("Dockerfile: FROM %s builds with Go %s, but go.mod pins toolchain %s", b, tag, toolchain)
+			return fmt.Errorf("Dockerfile: FROM %s builds with Go %s, but go.mod pins toolchain %s (set ENV GOTOOLCHAIN=%s in that stage, or use its image)", b, tag, toolchain, toolchain)
 		}
 	}
 	return nil

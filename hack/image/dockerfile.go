@@ -39,6 +39,9 @@ type spec struct {
 	// Bases are the images the stages start FROM, each NAME:TAG@DIGEST as
 	// the Dockerfile pins it (scratch and earlier stages left out).
 	Bases []string
+	// GoToolchains holds, for each base in Bases whose stage sets it with
+	// ENV, the GOTOOLCHAIN the go command in that stage runs with.
+	GoToolchains map[string]string
 }
 
 // buildCommand is the build stage's `go build` RUN line before build
@@ -100,11 +103,20 @@ func parseDockerfile(r io.Reader) (*spec, error) {
 		return nil, fmt.Errorf("Dockerfile: final stage sets --platform %s; the binary's own GOOS/GOARCH decide the platform", final.Platform)
 	}
 
-	s := &spec{Args: map[string]*string{}}
+	s := &spec{Args: map[string]*string{}, GoToolchains: map[string]string{}}
 	earlier := map[string]bool{}
 	for _, st := range stages {
 		if st.BaseName != "scratch" && !earlier[st.BaseName] {
 			s.Bases = append(s.Bases, st.BaseName)
+			for _, cmd := range st.Commands {
+				if e, ok := cmd.(*instructions.EnvCommand); ok {
+					for _, kv := range e.Env {
+						if kv.Key == "GOTOOLCHAIN" {
+							s.GoToolchains[st.BaseName] = kv.Value
+						}
+					}
+				}
+			}
 		}
 		earlier[st.Name] = true
 	}

@@ -2,7 +2,7 @@
 // image archives without a container engine. Kept out of the product's go.mod.
 module uuid-controller/hack/image
 
-go 1.26.8
+go 1.27.3
 
 require (
 	github.com/CycloneDX/cyclonedx-go v0.12.0

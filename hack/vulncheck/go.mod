@@ -4,7 +4,7 @@ module uuid-controller/hack/vulncheck
 
 go 1.26.0
 
-toolchain go1.26.8
+toolchain go1.27.3
 
 tool golang.org/x/vuln/cmd/govulncheck
 

@@ -6,6 +6,9 @@
 //
 //	go run . -osv $(go mod download -json golang.org/x/vulndb@VERSION | jq -r .Dir)/data/osv -out DIR
 //
+// `go run . gate -db DIR MODULE_DIR...` then runs govulncheck over each
+// module and fails on a reached finding accepted.tsv does not excuse.
+//
 // vulndb's own cmd/indexdb does the same, but builds go-git and the rest of
 // vulndb's dependencies; this reads only the fields the index needs.
 package main
@@ -45,6 +48,10 @@ type moduleMeta struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "gate" {
+		runGate(os.Args[2:])
+		return
+	}
 	osvDir := flag.String("osv", "", "a folder of OSV JSON files (golang.org/x/vulndb's data/osv)")
 	out := flag.String("out", "", "the database folder to write")
 	flag.Parse()

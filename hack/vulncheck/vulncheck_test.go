@@ -85,4 +85,27 @@ func TestGovulncheckFlagsVulnerableModule(t *testing.T) {
 	if code != 0 || strings.Contains(out, "GO-2022-1059") {
 		t.Errorf("x/text v0.3.8 (fixed): exit %d\n%s", code, out)
 	}
+
+	// The gate over the same modules: an unlisted reached finding fails it,
+	// so does accepting one that has a fix, and an entry nothing reaches.
+	vulnerable, fixed := filepath.Join(dir, "x-text-v0.3.7"), filepath.Join(dir, "x-text-v0.3.8")
+	accept := map[string]string{"GO-2022-1059": "a reason"}
+	for _, c := range []struct {
+		name     string
+		dir      string
+		accepted map[string]string
+		want     string
+	}{
+		{"unlisted finding", vulnerable, nil, "GO-2022-1059 in golang.org/x/text v0.3.7 (golang.org/x/text/language.ParseAcceptLanguage): fixed in v0.3.8; raise it"},
+		{"accepted finding with a fix", vulnerable, accept, "GO-2022-1059 in golang.org/x/text v0.3.7 (golang.org/x/text/language.ParseAcceptLanguage) is accepted, but fixed in v0.3.8"},
+		{"accepted entry nothing reaches", fixed, accept, "GO-2022-1059 is accepted but no module reaches it"},
+		{"fixed module", fixed, nil, ""},
+	} {
+		var report strings.Builder
+		err := gate([]string{tool}, db, c.accepted, []string{c.dir}, &report)
+		t.Logf("gate, %s: %s%v", c.name, report.String(), err)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("gate, %s: %v, want %q", c.name, err, c.want)
+		}
+	}
 }
