@@ -141,7 +141,14 @@ func TestWaitersServedInOrder(t *testing.T) {
 		t.Error("Acquire returned a slot after its context ended")
 	}
 	first.Release()
-	a, b := <-got, <-got
+	var a, b int
+	for i, p := range []*int{&a, &b} {
+		select {
+		case *p = <-got:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("waiter %d never served: a slot went to the waiter that gave up", i)
+		}
+	}
 	if a != 0 || b != 1 {
 		t.Errorf("served %d then %d, want 0 then 1", a, b)
 	}
