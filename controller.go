@@ -172,6 +172,19 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	})); err != nil {
 		return nil, fmt.Errorf("registering the in-flight limit's metric: %w", err)
 	}
+	for _, cause := range []inflight.Cause{inflight.Throttled, inflight.Slow} {
+		if err := d.Metrics.Registerer().Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "syncs_in_flight_cuts_total", ConstLabels: prometheus.Labels{"cause": cause.String()},
+			Help: "Times the apiserver pushed the in-flight limit down: cause throttled, a 429 from API Priority and Fairness; slow, a round trip over 4 times and 250 ms more than the fastest of the last 30 s.",
+		}, func() float64 {
+			if l := c.inFlight.Load(); l != nil {
+				return float64(l.Cuts(cause))
+			}
+			return 0
+		})); err != nil {
+			return nil, fmt.Errorf("registering the in-flight limit's metric: %w", err)
+		}
+	}
 	c.sweeps = newSweeper(c.client, c.queue.Add, d.Metrics)
 	var err error
 	c.kopf, err = kopf.New(kopf.Config{

@@ -53,7 +53,7 @@ type Limiter struct {
 	minRTT, windowMin time.Duration
 	windowEnd         time.Time
 	lastCut           time.Time
-	cuts              int
+	cuts              [2]int
 	// lastFull is when every slot was last taken (or a caller waited): a
 	// slot held since before then saw demand at the limit.
 	lastFull time.Time
@@ -125,7 +125,7 @@ func (s *Slot) Release() {
 	l.observe(now, rtt)
 	switch {
 	case slow:
-		l.cut(now)
+		l.cut(now, Slow)
 	case saturated && l.slowStart:
 		l.limit++
 	case saturated:
@@ -139,8 +139,20 @@ func (s *Slot) Release() {
 func (l *Limiter) PushBack() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.cut(l.cfg.Now())
+	l.cut(l.cfg.Now(), Throttled)
 }
+
+// Cause is why the limit was cut.
+type Cause int
+
+const (
+	// Throttled: the apiserver answered 429.
+	Throttled Cause = iota
+	// Slow: a round trip far slower than the fastest of the window.
+	Slow
+)
+
+func (c Cause) String() string { return [...]string{"throttled", "slow"}[c] }
 
 // Limit is the number of slots now.
 func (l *Limiter) Limit() int {
@@ -149,11 +161,11 @@ func (l *Limiter) Limit() int {
 	return int(l.limit)
 }
 
-// Cuts is how many times the limit was lowered since New.
-func (l *Limiter) Cuts() int {
+// Cuts is how many times the limit was lowered for cause since New.
+func (l *Limiter) Cuts(cause Cause) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.cuts
+	return l.cuts[cause]
 }
 
 func (l *Limiter) observe(now time.Time, rtt time.Duration) {
@@ -171,13 +183,13 @@ func (l *Limiter) observe(now time.Time, rtt time.Duration) {
 	}
 }
 
-func (l *Limiter) cut(now time.Time) {
+func (l *Limiter) cut(now time.Time, cause Cause) {
 	l.slowStart = false
 	if now.Sub(l.lastCut) < minCutInterval {
 		return
 	}
 	l.lastCut = now
-	l.cuts++
+	l.cuts[cause]++
 	l.limit = max(float64(l.cfg.Min), l.limit*backoff)
 }
 

@@ -77,8 +77,8 @@ func TestPushBackCuts(t *testing.T) {
 	}
 	after := l.Limit()
 	t.Logf("limit %d, after a burst of 50 push backs %d", before, after)
-	if before != 256 || after != 179 || l.Cuts() != 1 {
-		t.Errorf("limit %d then %d after %d cuts, want 256 then 179 after 1", before, after, l.Cuts())
+	if before != 256 || after != 179 || l.Cuts(Throttled) != 1 || l.Cuts(Slow) != 0 {
+		t.Errorf("limit %d then %d after %d cuts (%d slow), want 256 then 179 after 1 (0 slow)", before, after, l.Cuts(Throttled), l.Cuts(Slow))
 	}
 	round(t, l, c, 10*time.Millisecond)
 	if got := l.Limit(); got != 180 {
@@ -104,14 +104,14 @@ func TestSlowRoundTripCuts(t *testing.T) {
 		t.Fatalf("limit %d, want 64", got)
 	}
 	round(t, l, c, 30*time.Millisecond)
-	if l.Cuts() != 0 {
+	if l.Cuts(Slow) != 0 {
 		t.Errorf("a 30 ms round after 10 ms ones cut the limit")
 	}
 	grown := l.Limit()
 	round(t, l, c, 300*time.Millisecond)
-	t.Logf("limit %d, after a 300 ms round %d (cuts %d)", grown, l.Limit(), l.Cuts())
-	if l.Cuts() != 1 || l.Limit() >= grown {
-		t.Errorf("a 300 ms round after 10 ms ones: limit %d from %d, %d cuts", l.Limit(), grown, l.Cuts())
+	t.Logf("limit %d, after a 300 ms round %d (cuts %d)", grown, l.Limit(), l.Cuts(Slow))
+	if l.Cuts(Slow) != 1 || l.Cuts(Throttled) != 0 || l.Limit() >= grown {
+		t.Errorf("a 300 ms round after 10 ms ones: limit %d from %d, %d slow cuts, %d throttled", l.Limit(), grown, l.Cuts(Slow), l.Cuts(Throttled))
 	}
 }
 
@@ -189,8 +189,8 @@ func TestTransportReports429(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if want := map[bool]int{true: 1, false: 0}[i == 2]; l.Cuts() != want {
-			t.Errorf("after answer %d (%d): %d cuts, want %d", i, resp.StatusCode, l.Cuts(), want)
+		if want := map[bool]int{true: 1, false: 0}[i == 2]; l.Cuts(Throttled) != want {
+			t.Errorf("after answer %d (%d): %d cuts, want %d", i, resp.StatusCode, l.Cuts(Throttled), want)
 		}
 	}
 }
