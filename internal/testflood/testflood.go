@@ -5,6 +5,7 @@ package testflood
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -35,6 +36,11 @@ func (k Kind) String() string { return [...]string{"slow headers", "slow body", 
 // tick is how often a connection sends its next bytes.
 const tick = time.Second
 
+// refusedWithin is how soon a close counts as a refusal (a reset as the
+// server accepts it, over a cap): the connection is made again only a tick
+// later, not in a tight loop. One closed later is made again at once.
+const refusedWithin = 10 * time.Millisecond
+
 // Flood is a running flood; Stop ends it.
 type Flood struct {
 	// Dials counts connections made; Closed those the server closed.
@@ -46,7 +52,8 @@ type Flood struct {
 // Start keeps n connections to addr open, from the addresses from in turn
 // (connection i from from[i%len(from)]), each holding a request in flight
 // of kind kinds[i%len(kinds)] for path. A connection the server closes is
-// made again, so n stay in flight until Stop.
+// made again as soon as the close is seen (at once, but for Pipelined,
+// which reads nothing, at its next write), so n stay in flight until Stop.
 func Start(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Flood{stop: cancel}
@@ -56,7 +63,7 @@ func Start(ctx context.Context, addr, path string, from []net.IP, n int, kinds .
 			for ctx.Err() == nil {
 				start := time.Now()
 				f.hold(ctx, ip, addr, path, kind)
-				if time.Since(start) < tick {
+				if time.Since(start) < refusedWithin {
 					// Refused at once (over a cap): no tight loop.
 					select {
 					case <-ctx.Done():
@@ -94,6 +101,18 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	// closed is done when the server closes the connection: a read ends
+	// (what the server answers is read and dropped). Pipelined reads
+	// nothing, so its answers back up.
+	var closed chan struct{}
+	if kind != Pipelined {
+		closed = make(chan struct{})
+		go func() {
+			defer close(closed)
+			_, _ = io.Copy(io.Discard, conn)
+		}()
+		defer func() { conn.Close(); <-closed }()
+	}
 	get := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, addr)
 	var first, next string
 	switch kind {
@@ -121,6 +140,9 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 		msg = next
 		select {
 		case <-ctx.Done():
+			return
+		case <-closed:
+			f.Closed.Add(1)
 			return
 		case <-time.After(tick):
 		}
