@@ -19,16 +19,19 @@ import (
 //  1. a connection not protected (below): the one in its state longest
 //     (idle, not yet through its headers, or past its handler);
 //  2. when every other is protected, one still in its grace: from the
-//     client address holding the most connections open, the one accepted
-//     first. Each new connection thus has the time (max-1) later arrivals
-//     take to send its request; a probe sends it at once and is answered;
+//     client address holding the most connections open, the one the server
+//     began to read first (one not read yet goes last: the server, not its
+//     client, is slow). Each connection thus has the time (max-1) later
+//     arrivals take, from when the server is ready to read it, to send its
+//     request; a probe sends it at once, so it is read, answered and gone;
 //  3. when every other is serving a request, the new one: those end
 //     within the write timeout.
 //
 // A connection is protected while it is serving a request (its handler
 // is running, or its answer is being written just after) and its writes
-// make progress (none blocked for WriteStall), and, in its grace, for
-// NewConnGrace after it is accepted until its first request. Never by its
+// make progress (none blocked for WriteStall), and, in its grace, from
+// when it is accepted until its first request, for at most NewConnGrace
+// after the server began to read it. Never by its
 // address's order, and never for merely holding a request open: a slow
 // body, headers that never end and answers never read protect nothing.
 //
@@ -61,6 +64,7 @@ type capConn struct {
 
 	since time.Time // when it entered its http.ConnState; under cap.mu
 
+	reading   atomic.Int64 // when the server began to read it, unix ns; 0 before
 	served    atomic.Bool  // a handler has started on it
 	phase     atomic.Int32 // phaseNone, phaseHandling or phaseAnswering
 	answering atomic.Int64 // when its handler returned, unix ns
@@ -120,7 +124,7 @@ func (c *connCap) tier(cc *capConn, now time.Time) int {
 			return serving
 		}
 	}
-	if !cc.served.Load() && now.Sub(cc.accepted) < NewConnGrace {
+	if r := cc.reading.Load(); !cc.served.Load() && (r == 0 || now.Sub(time.Unix(0, r)) < NewConnGrace) {
 		return inGrace
 	}
 	return unprotected
@@ -156,11 +160,24 @@ func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 	}
 	first := graced[0]
 	for _, cc := range graced[1:] {
-		if n, m := open[cc.ip], open[first.ip]; n > m || (n == m && cc.accepted.Before(first.accepted)) {
+		if n, m := open[cc.ip], open[first.ip]; n > m || (n == m && readBefore(cc, first)) {
 			first = cc
 		}
 	}
-	return first, "the connection in its grace accepted first, of the address holding the most, every other protected"
+	return first, "the connection in its grace read first, of the address holding the most, every other protected"
+}
+
+// readBefore is true when the server began to read a before b (one not
+// read yet comes last), or at the same time and a was accepted first.
+func readBefore(a, b *capConn) bool {
+	ra, rb := a.reading.Load(), b.reading.Load()
+	switch {
+	case ra == rb: // neither read yet, or both at once
+		return a.accepted.Before(b.accepted)
+	case ra == 0 || rb == 0:
+		return rb == 0
+	}
+	return ra < rb
 }
 
 // forget stops counting cc (closed).
@@ -230,6 +247,13 @@ func unwrap(conn net.Conn) *capConn {
 	}
 	cc, _ := conn.(*capConn)
 	return cc
+}
+
+func (cc *capConn) Read(b []byte) (int, error) {
+	if cc.reading.Load() == 0 {
+		cc.reading.CompareAndSwap(0, cc.cap.now().UnixNano())
+	}
+	return cc.Conn.Read(b)
 }
 
 func (cc *capConn) Write(b []byte) (int, error) {

@@ -40,8 +40,20 @@ func (tc *testCap) at(d time.Duration) {
 	tc.clock = time.Unix(1_000_000, 0).Add(d)
 }
 
-// admit accepts a connection from ip at the clock's time.
+// admit accepts a connection from ip at the clock's time, and the server
+// begins to read it at once.
 func (tc *testCap) admit(ip string) (*capConn, *fakeConn) {
+	cc, f := tc.admitUnread(ip)
+	if cc != nil {
+		if _, err := cc.Read(make([]byte, 1)); err != nil {
+			tc.t.Fatal(err)
+		}
+	}
+	return cc, f
+}
+
+// admitUnread accepts a connection from ip at the clock's time.
+func (tc *testCap) admitUnread(ip string) (*capConn, *fakeConn) {
 	f := &fakeConn{addr: ip, block: make(chan struct{})}
 	tc.t.Cleanup(func() { close(f.block) })
 	return tc.connCap.admit(f), f
@@ -154,8 +166,9 @@ func TestConnCapClosesHeldRequests(t *testing.T) {
 
 // TestConnCapGrace: a connection accepted a moment ago, before its first
 // request, is not closed to make room while one that is not protected is
-// open, even one in its state for less time; past NewConnGrace without a
-// request it is not protected.
+// open, even one in its state for less time; NewConnGrace after the server
+// began to read it, without a request, it is not protected; one the server
+// has not read yet is, however long ago it was accepted.
 func TestConnCapGrace(t *testing.T) {
 	c := newTestCap(t, 2)
 	a, fa := c.admit("127.0.1.1")
@@ -173,6 +186,17 @@ func TestConnCapGrace(t *testing.T) {
 	c.at(200*time.Millisecond + NewConnGrace + time.Millisecond)
 	_, fm := c.admit("127.0.1.4")
 	wantOpen(t, "past its grace without a request", map[string]*fakeConn{"past grace": fy, "in grace": fn, "new": fm}, "in grace", "new")
+
+	c = newTestCap(t, 2)
+	_, fu := c.admitUnread("127.0.1.1")
+	c.at(3 * NewConnGrace)
+	b, fb := c.admit("127.0.1.2")
+	c.serve(b)()
+	if _, err := b.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	_, fn = c.admit("127.0.1.3")
+	wantOpen(t, "one not read yet, accepted 3 grace periods ago, and one answered", map[string]*fakeConn{"unread": fu, "answered": fb, "new": fn}, "unread", "new")
 }
 
 // TestConnCapEveryProtected: when every other connection is protected and
@@ -195,6 +219,24 @@ func TestConnCapEveryProtected(t *testing.T) {
 		c.at(400 * time.Millisecond)
 		_, fm := c.admit("127.0.1.7")
 		wantOpen(t, "a fifth in grace, one each", map[string]*fakeConn{"probe": probe, "third": f2, "new": fn, "fifth": fm}, "third", "new", "fifth")
+	})
+	t.Run("one each: the first read, one not read yet last", func(t *testing.T) {
+		c := newTestCap(t, 3)
+		_, unread := c.admitUnread("127.0.2.9")
+		c.at(100 * time.Millisecond)
+		_, f1 := c.admit("127.0.1.5")
+		c.at(200 * time.Millisecond)
+		late, f2 := c.admitUnread("127.0.1.6")
+		c.at(250 * time.Millisecond)
+		if _, err := late.Read(nil); err != nil {
+			t.Fatal(err)
+		}
+		c.at(300 * time.Millisecond)
+		_, fn := c.admit("127.0.1.7")
+		wantOpen(t, "a fourth in grace, one each", map[string]*fakeConn{"unread": unread, "read first": f1, "read late": f2, "new": fn}, "unread", "read late", "new")
+		c.at(400 * time.Millisecond)
+		_, fm := c.admit("127.0.1.8")
+		wantOpen(t, "a fifth in grace, one each", map[string]*fakeConn{"unread": unread, "read late": f2, "new": fn, "fifth": fm}, "unread", "new", "fifth")
 	})
 	t.Run("the address holding the most", func(t *testing.T) {
 		c := newTestCap(t, 3)
@@ -240,6 +282,9 @@ type fakeConn struct {
 func (f *fakeConn) RemoteAddr() net.Addr {
 	return &net.TCPAddr{IP: net.ParseIP(cmp.Or(f.addr, "127.0.0.1")), Port: 1}
 }
+
+// Read reads nothing.
+func (f *fakeConn) Read([]byte) (int, error) { return 0, nil }
 
 func (f *fakeConn) Write(b []byte) (int, error) {
 	if f.blocking {

@@ -41,8 +41,9 @@ const (
 	// probes out; the order when all are protected is connCap's.
 	MaxConns = 1024
 	// NewConnGrace protects a connection just accepted, until its first
-	// request, from being closed to make room: a client gets the time to
-	// send its request. The kubelet's probe gives up after 1 s, so a
+	// request and for at most this long after the server began to read
+	// it, from being closed to make room: a client gets the time to send
+	// its request. The kubelet's probe gives up after 1 s, so a
 	// probe's connection is protected for all the time it can use; a
 	// client that has not sent its request by then is not a probe.
 	NewConnGrace = time.Second
