@@ -263,11 +263,12 @@ func TestServeTimeouts(t *testing.T) {
 }
 
 // TestServeProbesUnderHeldRequests: requests held in flight fill the
-// probe server, each connection made again the moment the server closes
-// it: from 400 addresses one each (slow headers, so every one is still in
-// its grace when the next arrives), and 1,100 from 35 addresses (none over
-// the per-client cap: slow headers, slow bodies, pipelined requests whose
-// answers are never read). Meanwhile /healthz and /readyz from an address
+// probe server: from 400 addresses one each (slow headers, so every one is
+// still in its grace when the next arrives), each made again the moment
+// the server closes it; and 1,100 from 35 addresses (none over the
+// per-client cap: slow headers, slow bodies, pipelined requests whose
+// answers are never read), each made again at its next write once closed.
+// Meanwhile /healthz and /readyz from an address
 // that sorts before all of theirs, on a new connection each as the
 // kubelet's, are answered within 1 s every time. The 60 s runs against
 // the controller, with its memory, are e2e's TestProbesUnderHeldRequests.
@@ -280,9 +281,10 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 		name         string
 		addrs, conns int
 		kinds        []testflood.Kind
+		start        func(context.Context, string, string, []net.IP, int, ...testflood.Kind) *testflood.Flood
 	}{
-		{"400 addresses, one each", 400, 400, []testflood.Kind{testflood.SlowHeaders}},
-		{"35 addresses, 31-32 each", 35, 1100, mixed},
+		{"400 addresses, one each", 400, 400, []testflood.Kind{testflood.SlowHeaders}, testflood.StartReopening},
+		{"35 addresses, 31-32 each", 35, 1100, mixed, testflood.Start},
 	} {
 		t.Run(shape.name, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -298,7 +300,7 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 			for i := range shape.addrs {
 				from = append(from, net.IPv4(127, 0, byte(1+i/250), byte(1+i%250)))
 			}
-			flood := testflood.Start(t.Context(), addr, "/healthz", from, shape.conns, shape.kinds...)
+			flood := shape.start(t.Context(), addr, "/healthz", from, shape.conns, shape.kinds...)
 			defer flood.Stop()
 			// The flood is in place once it has made its connections and
 			// the server has closed some to make room.

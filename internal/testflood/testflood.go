@@ -36,9 +36,9 @@ func (k Kind) String() string { return [...]string{"slow headers", "slow body", 
 // tick is how often a connection sends its next bytes.
 const tick = time.Second
 
-// refusedWithin is how soon a close counts as a refusal (a reset as the
-// server accepts it, over a cap): the connection is made again only a tick
-// later, not in a tight loop. One closed later is made again at once.
+// refusedWithin is, for StartReopening, how soon a close counts as a
+// refusal (a reset as the server accepts it, over a cap): the connection
+// is made again only a tick later, not in a tight loop.
 const refusedWithin = 10 * time.Millisecond
 
 // Flood is a running flood; Stop ends it.
@@ -47,23 +47,41 @@ type Flood struct {
 	Dials, Closed atomic.Int64
 	stop          context.CancelFunc
 	wg            sync.WaitGroup
+	// reopening: a close is seen at once (StartReopening).
+	reopening bool
 }
 
 // Start keeps n connections to addr open, from the addresses from in turn
 // (connection i from from[i%len(from)]), each holding a request in flight
 // of kind kinds[i%len(kinds)] for path. A connection the server closes is
-// made again as soon as the close is seen (at once, but for Pipelined,
-// which reads nothing, at its next write), so n stay in flight until Stop.
+// made again when its next write (each tick) fails, so n stay in flight
+// until Stop.
 func Start(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
+	return start(ctx, addr, path, from, n, false, kinds)
+}
+
+// StartReopening is Start, but a connection the server closes is made
+// again the moment the close arrives (but for Pipelined, which reads
+// nothing: at its next write): what the server answers is read and
+// dropped, and the read ends with the close.
+func StartReopening(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
+	return start(ctx, addr, path, from, n, true, kinds)
+}
+
+func start(ctx context.Context, addr, path string, from []net.IP, n int, reopening bool, kinds []Kind) *Flood {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Flood{stop: cancel}
+	f := &Flood{stop: cancel, reopening: reopening}
+	refused := tick
+	if reopening {
+		refused = refusedWithin
+	}
 	for i := range n {
 		ip, kind := from[i%len(from)], kinds[i%len(kinds)]
 		f.wg.Go(func() {
 			for ctx.Err() == nil {
 				start := time.Now()
 				f.hold(ctx, ip, addr, path, kind)
-				if time.Since(start) < refusedWithin {
+				if time.Since(start) < refused {
 					// Refused at once (over a cap): no tight loop.
 					select {
 					case <-ctx.Done():
@@ -101,11 +119,9 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	// closed is done when the server closes the connection: a read ends
-	// (what the server answers is read and dropped). Pipelined reads
-	// nothing, so its answers back up.
+	// closed is done when the server closes the connection (reopening).
 	var closed chan struct{}
-	if kind != Pipelined {
+	if f.reopening && kind != Pipelined {
 		closed = make(chan struct{})
 		go func() {
 			defer close(closed)

@@ -12,12 +12,13 @@ import (
 )
 
 // TestProbesUnderHeldRequests: for 60 s, requests held in flight on the
-// health port, each connection made again the moment the controller
-// closes it: from 400 addresses one each (slow headers, so every one is
+// health port: from 400 addresses one each (slow headers, so every one is
 // still in its grace when the next arrives, and a full server must choose
-// among connections that all hold one from their address), and 1,100 from
-// 35 addresses (31-32 each, under the per-client cap: slow headers, slow
-// bodies, and pipelined requests whose answers are never read).
+// among connections that all hold one from their address), each made
+// again the moment the controller closes it; and 1,100 from 35 addresses
+// (31-32 each, under the per-client cap: slow headers, slow bodies, and
+// pipelined requests whose answers are never read), each made again at its
+// next write once closed.
 // Meanwhile /healthz and /readyz from an address that sorts before all of
 // the flood's, on a new connection each as the kubelet's, answer 200
 // within 1 s every time, and the controller's memory grows by at most
@@ -31,9 +32,10 @@ func TestProbesUnderHeldRequests(t *testing.T) {
 		name         string
 		addrs, conns int
 		kinds        []testflood.Kind
+		start        func(context.Context, string, string, []net.IP, int, ...testflood.Kind) *testflood.Flood
 	}{
-		{"400 addresses, one each", 400, 400, []testflood.Kind{testflood.SlowHeaders}},
-		{"35 addresses, 31-32 each", 35, 1100, mixed},
+		{"400 addresses, one each", 400, 400, []testflood.Kind{testflood.SlowHeaders}, testflood.StartReopening},
+		{"35 addresses, 31-32 each", 35, 1100, mixed, testflood.Start},
 	} {
 		t.Run(shape.name, func(t *testing.T) {
 			ctx := testCtx(t)
@@ -47,7 +49,7 @@ func TestProbesUnderHeldRequests(t *testing.T) {
 			for i := range shape.addrs {
 				from = append(from, floodAddr(i))
 			}
-			flood := testflood.Start(ctx, hostOf(t, p.HealthURL()), "/healthz", from, shape.conns, shape.kinds...)
+			flood := shape.start(ctx, hostOf(t, p.HealthURL()), "/healthz", from, shape.conns, shape.kinds...)
 			defer flood.Stop()
 
 			probeCtx, stop := context.WithTimeout(ctx, 60*time.Second)
