@@ -96,7 +96,9 @@ func (c *connCap) admit(conn net.Conn) *capConn {
 	if victim == nil {
 		return cc
 	}
-	_ = victim.Close()
+	// Not on the accept loop: a Close waits for the victim's Read or Write
+	// in progress to return, which takes its goroutine being scheduled.
+	go victim.Close()
 	c.evicted(what)
 	if victim == cc {
 		return nil

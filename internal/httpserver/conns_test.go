@@ -79,13 +79,23 @@ func (tc *testCap) serve(cc *capConn) (end func()) {
 	}
 }
 
-// wantOpen fails unless exactly the connections in open are open, of all.
+// wantOpen fails unless exactly the connections in open are open, of all,
+// once those to close have been (the cap closes on a goroutine of its
+// own, within 1 s).
 func wantOpen(t *testing.T, what string, all map[string]*fakeConn, open ...string) {
 	t.Helper()
 	want := map[string]bool{}
 	for _, name := range open {
 		want[name] = true
 	}
+	_ = wait.PollUntilContextTimeout(t.Context(), time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		for name, f := range all {
+			if !want[name] && !f.isClosed() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 	for name, f := range all {
 		if f.isClosed() == want[name] {
 			t.Errorf("%s: %s closed %v, want %v", what, name, f.isClosed(), !want[name])
