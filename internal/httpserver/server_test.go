@@ -263,30 +263,15 @@ func TestServeTimeouts(t *testing.T) {
 }
 
 // TestServeProbesUnderHeldRequests: requests held in flight fill the
-// probe server: from 400 addresses one each (slow headers, so every one is
-// still in its grace when the next arrives), each made again the moment
-// the server closes it; and 1,100 from 35 addresses (none over the
-// per-client cap: slow headers, slow bodies, pipelined requests whose
-// answers are never read), each made again at its next write once closed.
-// Meanwhile /healthz and /readyz from an address
-// that sorts before all of theirs, on a new connection each as the
-// kubelet's, are answered within 1 s every time. The 60 s runs against
-// the controller, with its memory, are e2e's TestProbesUnderHeldRequests.
+// probe server, in each of testflood.ProbeShapes (400 addresses one each,
+// made again the moment they are closed; 1,100 from 35 addresses).
+// Meanwhile /healthz and /readyz from an address that sorts before all of
+// theirs, on a new connection each as the kubelet's, are answered within
+// 1 s every time. The 60 s runs against the controller, with its memory,
+// are e2e's TestProbesUnderHeldRequests.
 func TestServeProbesUnderHeldRequests(t *testing.T) {
-	mixed := []testflood.Kind{testflood.SlowHeaders}
-	for range 9 {
-		mixed = append(mixed, testflood.SlowBody, testflood.Pipelined)
-	}
-	for _, shape := range []struct {
-		name         string
-		addrs, conns int
-		kinds        []testflood.Kind
-		start        func(context.Context, string, string, []net.IP, int, ...testflood.Kind) *testflood.Flood
-	}{
-		{"400 addresses, one each", 400, 400, []testflood.Kind{testflood.SlowHeaders}, testflood.StartReopening},
-		{"35 addresses, 31-32 each", 35, 1100, mixed, testflood.Start},
-	} {
-		t.Run(shape.name, func(t *testing.T) {
+	for _, shape := range testflood.ProbeShapes() {
+		t.Run(shape.Name, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -296,18 +281,14 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 			t.Cleanup(stop)
 			addr := ln.Addr().String()
 
-			var from []net.IP
-			for i := range shape.addrs {
-				from = append(from, net.IPv4(127, 0, byte(1+i/250), byte(1+i%250)))
-			}
-			flood := shape.start(t.Context(), addr, "/healthz", from, shape.conns, shape.kinds...)
+			flood := shape.Start(t.Context(), addr, "/healthz")
 			defer flood.Stop()
 			// The flood is in place once it has made its connections and
 			// the server has closed some to make room.
 			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-				return flood.Dials.Load() >= int64(shape.conns) && flood.Closed.Load() > 0, nil
+				return flood.Dials.Load() >= int64(shape.Conns) && flood.Closed.Load() > 0, nil
 			}); err != nil {
-				t.Fatalf("the flood made %d of %d connections in 30 s, %d closed", flood.Dials.Load(), shape.conns, flood.Closed.Load())
+				t.Fatalf("the flood made %d of %d connections in 30 s, %d closed", flood.Dials.Load(), shape.Conns, flood.Closed.Load())
 			}
 
 			probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{
@@ -337,7 +318,7 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 			}
 			t.Logf("%d probes, slowest %s; the flood made %d connections while they ran, %d in all, the server closed %d", probes, slowest, flood.Dials.Load()-dials, flood.Dials.Load(), flood.Closed.Load())
 			if len(failed) > 0 {
-				t.Errorf("%d of %d probes failed with %d requests held in flight from %d addresses, first: %s", len(failed), probes, shape.conns, shape.addrs, failed[0])
+				t.Errorf("%d of %d probes failed with %d requests held in flight from %d addresses, first: %s", len(failed), probes, shape.Conns, shape.Addrs, failed[0])
 			}
 		})
 	}

@@ -164,3 +164,42 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 		}
 	}
 }
+
+// Shape is a flood the probe servers' tests hold against them.
+type Shape struct {
+	Name         string
+	Addrs, Conns int
+	Kinds        []Kind
+	// Reopening: StartReopening, else Start.
+	Reopening bool
+}
+
+// ProbeShapes are the floods the probe servers' tests hold: 400 addresses
+// one each (slow headers, made again the moment they are closed, so a
+// full server finds every slot in its grace and every address holding
+// one), and 1,100 connections from 35 addresses (31-32 each, under the
+// per-client cap: one in 19 slow headers, the rest slow bodies and
+// pipelined requests whose answers are never read).
+func ProbeShapes() []Shape {
+	mixed := []Kind{SlowHeaders}
+	for range 9 {
+		mixed = append(mixed, SlowBody, Pipelined)
+	}
+	return []Shape{
+		{Name: "400 addresses, one each", Addrs: 400, Conns: 400, Kinds: []Kind{SlowHeaders}, Reopening: true},
+		{Name: "35 addresses, 31-32 each", Addrs: 35, Conns: 1100, Kinds: mixed},
+	}
+}
+
+// Start starts s against path on addr, address i being 127.0.x.y from
+// 127.0.1.1 on (250 a /24), so 127.0.0.1 sorts before all.
+func (s Shape) Start(ctx context.Context, addr, path string) *Flood {
+	var from []net.IP
+	for i := range s.Addrs {
+		from = append(from, net.IPv4(127, 0, byte(1+i/250), byte(1+i%250)))
+	}
+	if s.Reopening {
+		return StartReopening(ctx, addr, path, from, s.Conns, s.Kinds...)
+	}
+	return Start(ctx, addr, path, from, s.Conns, s.Kinds...)
+}
