@@ -136,7 +136,7 @@ func (c *connCap) tier(cc *capConn, now time.Time) int {
 // c.mu is held.
 func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 	var oldest *capConn // unprotected, in its state longest
-	var graced []*capConn
+	graced := false
 	for cc := range c.conns {
 		if cc == accepted {
 			continue
@@ -147,24 +147,34 @@ func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 				oldest = cc
 			}
 		case inGrace:
-			graced = append(graced, cc)
+			graced = true
 		}
 	}
 	if oldest != nil {
 		return oldest, "the unprotected connection in its state longest"
 	}
-	if len(graced) == 0 {
+	if !graced {
 		return accepted, "the new connection, every other serving a request"
 	}
 	open := map[string]int{}
 	for cc := range c.conns {
 		open[cc.ip]++
 	}
-	first := graced[0]
-	for _, cc := range graced[1:] {
+	var first *capConn
+	for cc := range c.conns {
+		if cc == accepted || c.tier(cc, now) != inGrace {
+			continue
+		}
+		if first == nil {
+			first = cc
+			continue
+		}
 		if n, m := open[cc.ip], open[first.ip]; n > m || (n == m && readBefore(cc, first)) {
 			first = cc
 		}
+	}
+	if first == nil { // served since the first pass
+		return accepted, "the new connection, every other serving a request"
 	}
 	return first, "the connection in its grace read first, of the address holding the most, every other protected"
 }
