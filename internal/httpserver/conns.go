@@ -28,16 +28,16 @@ import (
 //     within the write timeout.
 //
 // A connection is protected while it is serving a request (its handler
-// is running, or its answer is being written just after) and its writes
-// make progress (none blocked for WriteStall), and, in its grace, from
-// when it is accepted until its first request, for at most NewConnGrace
-// after the server began to read it. Never by its
+// is running, or its answer is being written just after, for at most
+// WriteStall) and its writes make progress (none blocked for WriteStall),
+// and, in its grace, from when it is accepted until its first request, for
+// at most NewConnGrace after the server began to read it. Never by its
 // address's order, and never for merely holding a request open: a slow
 // body, headers that never end and answers never read protect nothing.
 //
-// listener wraps the accepted connections, handler marks the requests
-// being served, track is the http.Server's ConnState and connContext its
-// ConnContext.
+// capListener admits the accepted connections, handler marks the
+// requests being served, track is the http.Server's ConnState and
+// connContext its ConnContext.
 type connCap struct {
 	max     int
 	evicted func(what string) // called once per connection closed to make room
