@@ -35,10 +35,23 @@ const (
 	MaxConnsPerClient = 32
 	// MaxConns caps the connections a server holds from all clients: at
 	// about 20 KiB each (buffers, goroutine, TLS state), 1,024 take about
-	// 20 MiB. Once full, each new connection closes the one that has waited
-	// longest without a request in progress, so clients holding
-	// connections from many addresses cannot lock the probes out.
+	// 20 MiB. Once full, each new connection closes one that is not
+	// protected (NewConnGrace, WriteStall), the one in its state longest,
+	// so clients holding connections from many addresses cannot lock the
+	// probes out; the order when all are protected is connCap's.
 	MaxConns = 1024
+	// NewConnGrace protects a connection just accepted, until its first
+	// request and for at most this long after the server began to read
+	// it, from being closed to make room: a client gets the time to send
+	// its request. The kubelet's probe gives up after 1 s, so a
+	// probe's connection is protected for all the time it can use; a
+	// client that has not sent its request by then is not a probe.
+	NewConnGrace = time.Second
+	// WriteStall ends the protection of a connection serving a request
+	// when one write to it has been blocked that long: its client reads
+	// nothing, and holding the slot would let it keep it until the write
+	// timeout.
+	WriteStall = time.Second
 	// ProbeTimeout bounds everything on the probe server (ServeProbes): the
 	// headers, the request, the answer. The kubelet's probe gives up after
 	// 1 s; a client that takes longer is not a probe, and its connection

@@ -31,10 +31,10 @@ func Serve(ctx context.Context, name, addr string, tlsConfig *tls.Config, h http
 // plain HTTP, with limits of its own: the probes must be answered whatever
 // other Pods hold open, since a probe that fails restarts the Pod. A probe
 // is one request on a new connection, answered at once, so the server
-// keeps no connection alive, gives each ProbeTimeout for everything, and,
-// when ProbeMaxConns are open, closes the oldest to make room even if a request
-// is in progress on it (a slow body, or an answer never read): no request
-// here legitimately takes longer than a probe's 1 s timeout.
+// keeps no connection alive, gives each ProbeTimeout for everything, and
+// holds at most ProbeMaxConns; when full, a new connection makes room as on
+// Serve (connCap): a request held in flight (a slow body, an answer never
+// read) protects no slot, and a connection just accepted has its grace.
 func ServeProbes(ctx context.Context, name, addr string, h http.Handler) (wait func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -49,8 +49,7 @@ type timeouts struct {
 	readHeader, read, write, idle time.Duration
 	// maxConns is the cap on the connections open from all clients.
 	maxConns int
-	// probes turns keep-alive off and lets a full server close a
-	// connection with a request in progress (ServeProbes).
+	// probes turns keep-alive off (ServeProbes).
 	probes bool
 }
 
@@ -73,22 +72,25 @@ func serveOn(ctx context.Context, name string, ln net.Listener, tlsConfig *tls.C
 			logger.Info("Closed a connection over the per-client cap", "client", ip, "max", MaxConnsPerClient, "notLogged", unlogged)
 		})
 	})
-	total := newConnCap(to.maxConns, to.probes, func() {
+	total := newConnCap(to.maxConns, func(what string) {
 		sampled.Do("over_total_cap", func(unlogged map[string]int) {
-			logger.Info("Closed the connection waiting longest to make room for a new one", "max", to.maxConns, "notLogged", unlogged)
+			logger.Info("Closed a connection to make room for a new one", "closed", what, "max", to.maxConns, "notLogged", unlogged)
 		})
 	})
+	// Below TLS, so the cap sees the writes that carry the answers.
+	ln = capListener{ln, total}
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           total.handler(h),
 		ReadHeaderTimeout: to.readHeader, // also bounds the TLS handshake
 		ReadTimeout:       to.read,
 		WriteTimeout:      to.write,
 		IdleTimeout:       to.idle,
 		MaxHeaderBytes:    MaxHeaderBytes,
 		ConnState:         total.track,
+		ConnContext:       total.connContext,
 		// Handlers log with ctx's logger; a request is not cancelled by
 		// shutdown, which waits for it instead.
 		BaseContext: func(net.Listener) context.Context { return klog.NewContext(context.WithoutCancel(ctx), logger) },

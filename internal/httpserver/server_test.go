@@ -2,7 +2,6 @@ package httpserver
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -202,71 +200,6 @@ func TestServeCapsTotal(t *testing.T) {
 	}
 }
 
-// TestConnCapKeepsRequestsInProgress: only connections without a request
-// in progress are closed to make room; with none, the new one goes.
-func TestConnCapKeepsRequestsInProgress(t *testing.T) {
-	evicted := 0
-	c := newConnCap(2, false, func() { evicted++ })
-	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
-	c.track(a, http.StateNew)
-	c.track(a, http.StateActive)
-	c.track(b, http.StateNew)
-	c.track(b, http.StateActive)
-	c.track(n, http.StateNew)
-	if got := c.open(); got != 2 || evicted != 1 {
-		t.Fatalf("open %d, evicted %d; want 2 and 1", got, evicted)
-	}
-	waitClosed(t, n, "the new connection, every other busy")
-	if a.isClosed() || b.isClosed() {
-		t.Error("a connection with a request in progress was closed")
-	}
-	c.track(b, http.StateIdle)
-	m := &fakeConn{}
-	c.track(m, http.StateNew)
-	waitClosed(t, b, "the idle connection")
-	if m.isClosed() || a.isClosed() || c.open() != 2 || evicted != 2 {
-		t.Errorf("after an idle one made room: new closed %v, busy closed %v, open %d, evicted %d; want false, false, 2, 2", m.isClosed(), a.isClosed(), c.open(), evicted)
-	}
-	c.track(b, http.StateClosed) // the server's own close of b changes nothing
-	c.track(a, http.StateClosed)
-	if got := c.open(); got != 1 {
-		t.Errorf("open %d after a close, want 1", got)
-	}
-}
-
-// TestConnCapEvictsBusyForProbes: the probe server's cap closes the
-// connection open longest even with a request in progress, never the new
-// one, so requests held in flight cannot fill it; and it takes it from the
-// address holding the most, so a client with one connection keeps it even
-// when that one is the oldest.
-func TestConnCapEvictsBusyForProbes(t *testing.T) {
-	t.Run("the address holding the most", func(t *testing.T) {
-		c := newConnCap(3, true, func() {})
-		probe := &fakeConn{addr: "127.0.0.9"}
-		a, b, n := &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.1"}, &fakeConn{addr: "127.0.1.2"}
-		for _, conn := range []*fakeConn{probe, a, b} {
-			c.track(conn, http.StateNew)
-			c.track(conn, http.StateActive)
-		}
-		c.track(n, http.StateNew)
-		waitClosed(t, a, "the oldest connection of the address holding two")
-		if probe.isClosed() || b.isClosed() || n.isClosed() {
-			t.Errorf("probe closed %v, the flood's second %v, new %v; want none", probe.isClosed(), b.isClosed(), n.isClosed())
-		}
-	})
-	c := newConnCap(2, true, func() {})
-	a, b, n := &fakeConn{}, &fakeConn{}, &fakeConn{}
-	for _, conn := range []*fakeConn{a, b} {
-		c.track(conn, http.StateNew)
-		c.track(conn, http.StateActive)
-	}
-	c.track(n, http.StateNew)
-	waitClosed(t, a, "the oldest connection, busy")
-	if n.isClosed() || b.isClosed() || c.open() != 2 {
-		t.Errorf("new closed %v, second busy closed %v, open %d; want false, false, 2", n.isClosed(), b.isClosed(), c.open())
-	}
-}
-
 // TestServeProbesOneRequestPerConnection: the probe server answers one
 // request per connection and closes it (no keep-alive), so a client
 // cannot hold a connection by pipelining requests.
@@ -282,50 +215,6 @@ func TestServeProbesOneRequestPerConnection(t *testing.T) {
 	resp.Body.Close()
 	if _, err := http.ReadResponse(r, nil); err == nil {
 		t.Error("a second pipelined request on one connection was answered, want the connection closed after the first")
-	}
-}
-
-// open is how many connections c holds.
-func (c *connCap) open() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.conns)
-}
-
-// fakeConn is a net.Conn that only records Close and has a remote
-// address (127.0.0.1 unless addr is set).
-type fakeConn struct {
-	net.Conn
-	addr   string
-	mu     sync.Mutex
-	closed bool
-}
-
-func (f *fakeConn) RemoteAddr() net.Addr {
-	return &net.TCPAddr{IP: net.ParseIP(cmp.Or(f.addr, "127.0.0.1")), Port: 1}
-}
-
-func (f *fakeConn) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.closed = true
-	return nil
-}
-
-func (f *fakeConn) isClosed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.closed
-}
-
-// waitClosed waits up to 1 s for c's Close, which connCap calls on a
-// goroutine of its own.
-func waitClosed(t *testing.T, c *fakeConn, what string) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
-		return c.isClosed(), nil
-	}); err != nil {
-		t.Errorf("%s was not closed", what)
 	}
 }
 
@@ -373,69 +262,64 @@ func TestServeTimeouts(t *testing.T) {
 	}
 }
 
-// TestServeProbesUnderHeldRequests: 1,100 connections from 35 addresses
-// (none over the per-client cap), each holding a request in flight (slow
-// headers, a slow body, or pipelined requests whose answers are never
-// read, made again whenever the server closes one), fill the probe
-// server; meanwhile /healthz and /readyz from another address, on a new
-// connection each as the kubelet's, are answered within 1 s every time.
-// The 60 s run against the controller, with its memory, is e2e's
-// TestProbesUnderHeldRequests.
+// TestServeProbesUnderHeldRequests: requests held in flight fill the
+// probe server, in each of testflood.ProbeShapes (400 addresses one each,
+// made again the moment they are closed; 1,100 from 35 addresses).
+// Meanwhile /healthz and /readyz from an address that sorts before all of
+// theirs, on a new connection each as the kubelet's, are answered within
+// 1 s every time. The 60 s runs against the controller, with its memory,
+// are e2e's TestProbesUnderHeldRequests.
 func TestServeProbesUnderHeldRequests(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger, _ := testlog.New(t, 0)
-	stop := serveOn(klog.NewContext(t.Context(), logger), "health", ln, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }), probeTimeouts)
-	t.Cleanup(stop)
-	addr := ln.Addr().String()
-
-	var from []net.IP
-	for i := range 35 {
-		from = append(from, net.IPv4(127, 0, 1, byte(1+i)))
-	}
-	// Mostly requests that net/http counts in progress (StateActive), which
-	// Serve's cap never closes to make room, and some slow headers.
-	kinds := []testflood.Kind{testflood.SlowHeaders}
-	for range 9 {
-		kinds = append(kinds, testflood.SlowBody, testflood.Pipelined)
-	}
-	flood := testflood.Start(t.Context(), addr, "/healthz", from, 1100, kinds...)
-	defer flood.Stop()
-	// The flood is in place once its connections have all been made.
-	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return flood.Dials.Load() >= 1100, nil
-	}); err != nil {
-		t.Fatalf("the flood made %d of 1,100 connections in 30 s", flood.Dials.Load())
-	}
-
-	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{
-		DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}}).DialContext,
-		DisableKeepAlives: true,
-	}}
-	var failed []string
-	var slowest time.Duration
-	probes := 0
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		for _, path := range []string{"/healthz", "/readyz"} {
-			start := time.Now()
-			resp, err := probe.Get("http://" + addr + path)
-			took := time.Since(start)
-			slowest = max(slowest, took)
-			probes++
+	for _, shape := range testflood.ProbeShapes() {
+		t.Run(shape.Name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
-				failed = append(failed, err.Error())
-				continue
+				t.Fatal(err)
 			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				failed = append(failed, resp.Status)
+			logger, _ := testlog.New(t, 0)
+			stop := serveOn(klog.NewContext(t.Context(), logger), "health", ln, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }), probeTimeouts)
+			t.Cleanup(stop)
+			addr := ln.Addr().String()
+
+			flood := shape.Start(t.Context(), addr, "/healthz")
+			defer flood.Stop()
+			// The flood is in place once it has made its connections and
+			// the server has closed some to make room.
+			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+				return flood.Dials.Load() >= int64(shape.Conns) && flood.Closed.Load() > 0, nil
+			}); err != nil {
+				t.Fatalf("the flood made %d of %d connections in 30 s, %d closed", flood.Dials.Load(), shape.Conns, flood.Closed.Load())
 			}
-		}
-	}
-	t.Logf("%d probes, slowest %s; the flood made %d connections, the server closed %d", probes, slowest, flood.Dials.Load(), flood.Closed.Load())
-	if len(failed) > 0 {
-		t.Errorf("%d of %d probes failed with 1,100 requests held in flight from 35 addresses, first: %s", len(failed), probes, failed[0])
+
+			probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+				DialContext:       (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}}).DialContext,
+				DisableKeepAlives: true,
+			}}
+			var failed []string
+			var slowest time.Duration
+			probes := 0
+			dials := flood.Dials.Load()
+			for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+				for _, path := range []string{"/healthz", "/readyz"} {
+					start := time.Now()
+					resp, err := probe.Get("http://" + addr + path)
+					took := time.Since(start)
+					slowest = max(slowest, took)
+					probes++
+					if err != nil {
+						failed = append(failed, err.Error())
+						continue
+					}
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						failed = append(failed, resp.Status)
+					}
+				}
+			}
+			t.Logf("%d probes, slowest %s; the flood made %d connections while they ran, %d in all, the server closed %d", probes, slowest, flood.Dials.Load()-dials, flood.Dials.Load(), flood.Closed.Load())
+			if len(failed) > 0 {
+				t.Errorf("%d of %d probes failed with %d requests held in flight from %d addresses, first: %s", len(failed), probes, shape.Conns, shape.Addrs, failed[0])
+			}
+		})
 	}
 }

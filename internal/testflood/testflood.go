@@ -5,6 +5,7 @@ package testflood
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -35,28 +36,52 @@ func (k Kind) String() string { return [...]string{"slow headers", "slow body", 
 // tick is how often a connection sends its next bytes.
 const tick = time.Second
 
+// refusedWithin is, for StartReopening, how soon a close counts as a
+// refusal (a reset as the server accepts it, over a cap): the connection
+// is made again only a tick later, not in a tight loop.
+const refusedWithin = 10 * time.Millisecond
+
 // Flood is a running flood; Stop ends it.
 type Flood struct {
 	// Dials counts connections made; Closed those the server closed.
 	Dials, Closed atomic.Int64
 	stop          context.CancelFunc
 	wg            sync.WaitGroup
+	// reopening: a close is seen at once (StartReopening).
+	reopening bool
 }
 
 // Start keeps n connections to addr open, from the addresses from in turn
 // (connection i from from[i%len(from)]), each holding a request in flight
 // of kind kinds[i%len(kinds)] for path. A connection the server closes is
-// made again, so n stay in flight until Stop.
+// made again when its next write (each tick) fails, so n stay in flight
+// until Stop.
 func Start(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
+	return start(ctx, addr, path, from, n, false, kinds)
+}
+
+// StartReopening is Start, but a connection the server closes is made
+// again the moment the close arrives (but for Pipelined, which reads
+// nothing: at its next write): what the server answers is read and
+// dropped, and the read ends with the close.
+func StartReopening(ctx context.Context, addr, path string, from []net.IP, n int, kinds ...Kind) *Flood {
+	return start(ctx, addr, path, from, n, true, kinds)
+}
+
+func start(ctx context.Context, addr, path string, from []net.IP, n int, reopening bool, kinds []Kind) *Flood {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Flood{stop: cancel}
+	f := &Flood{stop: cancel, reopening: reopening}
+	refused := tick
+	if reopening {
+		refused = refusedWithin
+	}
 	for i := range n {
 		ip, kind := from[i%len(from)], kinds[i%len(kinds)]
 		f.wg.Go(func() {
 			for ctx.Err() == nil {
 				start := time.Now()
 				f.hold(ctx, ip, addr, path, kind)
-				if time.Since(start) < tick {
+				if time.Since(start) < refused {
 					// Refused at once (over a cap): no tight loop.
 					select {
 					case <-ctx.Done():
@@ -94,6 +119,16 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	// closed is done when the server closes the connection (reopening).
+	var closed chan struct{}
+	if f.reopening && kind != Pipelined {
+		closed = make(chan struct{})
+		go func() {
+			defer close(closed)
+			_, _ = io.Copy(io.Discard, conn)
+		}()
+		defer func() { conn.Close(); <-closed }()
+	}
 	get := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, addr)
 	var first, next string
 	switch kind {
@@ -122,7 +157,49 @@ func (f *Flood) hold(ctx context.Context, ip net.IP, addr, path string, kind Kin
 		select {
 		case <-ctx.Done():
 			return
+		case <-closed:
+			f.Closed.Add(1)
+			return
 		case <-time.After(tick):
 		}
 	}
+}
+
+// Shape is a flood the probe servers' tests hold against them.
+type Shape struct {
+	Name         string
+	Addrs, Conns int
+	Kinds        []Kind
+	// Reopening: StartReopening, else Start.
+	Reopening bool
+}
+
+// ProbeShapes are the floods the probe servers' tests hold: 400 addresses
+// one each (slow headers, made again the moment they are closed, so a
+// full server finds every slot in its grace and every address holding
+// one), and 1,100 connections from 35 addresses (31-32 each, under the
+// per-client cap: one in 19 slow headers, the rest slow bodies and
+// pipelined requests whose answers are never read).
+func ProbeShapes() []Shape {
+	mixed := []Kind{SlowHeaders}
+	for range 9 {
+		mixed = append(mixed, SlowBody, Pipelined)
+	}
+	return []Shape{
+		{Name: "400 addresses, one each", Addrs: 400, Conns: 400, Kinds: []Kind{SlowHeaders}, Reopening: true},
+		{Name: "35 addresses, 31-32 each", Addrs: 35, Conns: 1100, Kinds: mixed},
+	}
+}
+
+// Start starts s against path on addr, address i being 127.0.x.y from
+// 127.0.1.1 on (250 a /24), so 127.0.0.1 sorts before all.
+func (s Shape) Start(ctx context.Context, addr, path string) *Flood {
+	var from []net.IP
+	for i := range s.Addrs {
+		from = append(from, net.IPv4(127, 0, byte(1+i/250), byte(1+i%250)))
+	}
+	if s.Reopening {
+		return StartReopening(ctx, addr, path, from, s.Conns, s.Kinds...)
+	}
+	return Start(ctx, addr, path, from, s.Conns, s.Kinds...)
 }
