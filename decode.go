@@ -24,16 +24,24 @@ import (
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
-// newInformerClient is the dynamic client the informer lists and watches
-// with: client-go's, over a REST client whose JSON decoders read a Uuid
+// informerClient is what the informer reads with: client-go's dynamic
+// client for its watch, over a REST client whose JSON decoders read a Uuid
 // object straight into a *cachedUUID (decodeCached) instead of a map, and
-// each watch event's envelope without a second decode of the object. What
-// they do not read in one pass (any other kind, a bookmark, an object of
-// unusual shape, any request's typed result) goes to the dynamic client's
-// own decoders, so it is decoded as before. The informer built on it
-// (newInformer) accepts both a *cachedUUID and an *unstructured.Unstructured;
-// trimForCache turns the latter into the former.
-func newInformerClient(cfg *rest.Config) (dynamic.Interface, error) {
+// each watch event's envelope without a second decode of the object; and,
+// for its lists, a pageLister that reads a list as a stream of objects,
+// each decoded the same way. What the decoders do not read in one pass
+// (any other kind, a bookmark, JSON they cannot vouch for, any request's
+// typed result) goes to the dynamic client's own decoders. The informer
+// built on it (newInformer) accepts both a *cachedUUID and an
+// *unstructured.Unstructured; trimForCache turns the latter into the former.
+type informerClient struct {
+	dynamic.Interface
+	list pageLister
+}
+
+// newInformerClient is the informerClient for cfg; its REST client also
+// serves the sweep's lists.
+func newInformerClient(cfg *rest.Config) (informerClient, error) {
 	config := dynamic.ConfigFor(cfg)
 	config.GroupVersion = nil
 	// As dynamic.NewForConfig: each request's path is absolute.
@@ -41,9 +49,9 @@ func newInformerClient(cfg *rest.Config) (dynamic.Interface, error) {
 	config.NegotiatedSerializer = cachedSerializer{config.NegotiatedSerializer}
 	rc, err := rest.UnversionedRESTClientFor(config)
 	if err != nil {
-		return nil, fmt.Errorf("building the informer's REST client: %w", err)
+		return informerClient{}, fmt.Errorf("building the informer's REST client: %w", err)
 	}
-	return dynamic.New(rc), nil
+	return informerClient{Interface: dynamic.New(rc), list: streamLister(rc)}, nil
 }
 
 // cachedSerializer is the dynamic client's serializer with its JSON
@@ -740,9 +748,11 @@ func (s *scanner) number() (isInt, ok bool) {
 // newCachedInformer is client-go's dynamicinformer.NewFilteredDynamicInformer
 // without an expected type: its reflector would drop every object that is
 // not an *unstructured.Unstructured, and the client from newInformerClient
-// decodes a Uuid as a *cachedUUID. observe gets the error of each list
-// and watch request, nil when it succeeded (access.go).
-func newCachedInformer(client dynamic.Interface, namespace string, resync time.Duration,
+// decodes a Uuid as a *cachedUUID. Its lists (when the apiserver does not
+// stream the initial state as a watch) go through client.list. observe
+// gets the error of each list and watch request, nil when it succeeded
+// (access.go).
+func newCachedInformer(client informerClient, namespace string, resync time.Duration,
 	tweak dynamicinformer.TweakListOptionsFunc, observe func(context.Context, error)) informers.GenericInformer {
 	res := client.Resource(uuidGVR).Namespace(namespace)
 	options := func(o metav1.ListOptions) metav1.ListOptions {
@@ -753,20 +763,44 @@ func newCachedInformer(client dynamic.Interface, namespace string, resync time.D
 	}
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			l, err := res.List(ctx, options(o))
+			l := &cachedList{}
+			meta, err := client.list(ctx, namespace, options(o), func(c *cachedUUID) error {
+				l.Items = append(l.Items, c)
+				return nil
+			})
 			observe(ctx, err)
-			return l, err
+			if err != nil {
+				return nil, err
+			}
+			l.ListMeta = meta
+			return l, nil
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
 			wi, err := res.Watch(ctx, options(o))
 			observe(ctx, err)
 			return wi, err
 		},
-	}, client)
+	}, client.Interface)
 	inf := cache.NewSharedIndexInformerWithOptions(lw, nil, cache.SharedIndexInformerOptions{
 		ResyncPeriod: resync, Indexers: cache.Indexers{}, ObjectDescription: uuidGVR.String(),
 	})
 	return cachedInformer{inf}
+}
+
+// cachedList is a page of a list as the informer's reflector gets it.
+type cachedList struct {
+	metav1.TypeMeta
+	metav1.ListMeta
+	// Items are *cachedUUID, read-only.
+	Items []runtime.Object
+}
+
+// DeepCopyObject implements runtime.Object; the items are read-only, so
+// shared.
+func (l *cachedList) DeepCopyObject() runtime.Object {
+	out := *l
+	out.Items = slices.Clone(l.Items)
+	return &out
 }
 
 // cachedInformer is an informers.GenericInformer over newCachedInformer's.
