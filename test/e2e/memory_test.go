@@ -46,8 +46,9 @@ func hugeObject(name string, deep bool, status string) []byte {
 		levels = deepSpecLevels
 	}
 	b.WriteString(strings.Repeat("[", levels))
-	b.WriteString(strings.Repeat("0,", hugeSpecBytes/2))
-	b.WriteString("0" + strings.Repeat("]", levels) + "}")
+	elem := `"` + strings.Repeat("x", 62) + `"`
+	b.WriteString(strings.Repeat(elem+",", hugeSpecBytes/(len(elem)+1)))
+	b.WriteString(elem + strings.Repeat("]", levels) + "}")
 	if status != "" {
 		b.WriteString(`,"status":` + status)
 	}
