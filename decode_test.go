@@ -257,9 +257,10 @@ func TestDecodeEventMatchesWatchEvent(t *testing.T) {
 	}
 }
 
-// FuzzDecodeCached checks the equivalence of TestDecodeCachedMatchesUnstructured
-// and TestDecodeEventMatchesWatchEvent on any input, and that the frame
-// reader splits it as client-go's does: run it with
+// FuzzDecodeCached checks the equivalence of TestDecodeCachedMatchesUnstructured,
+// TestDecodeEventMatchesWatchEvent and TestReadListMatchesUnstructured (for
+// a list holding the input) on any input, and that the frame reader splits
+// it as client-go's does: run it with
 // go test -run '^$' -fuzz FuzzDecodeCached -fuzztime 1m .
 func FuzzDecodeCached(f *testing.F) {
 	for _, tt := range decodeCorpus {
@@ -270,12 +271,35 @@ func FuzzDecodeCached(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameObject(t, stock.Serializer, fast.Serializer, data)
 		sameEvent(t, stock.StreamSerializer.Serializer, fast.StreamSerializer.Serializer, data)
+		sameListItem(t, data)
 		// A stream of objects, as the apiserver sends events (eventFramer
 		// ends any other stream at once: see TestEventFramer).
 		if v := bytes.TrimLeft(data, " \t\r\n"); stdjson.Valid(data) && (v[0] == '{' || v[0] == '[') {
 			sameFrames(t, bytes.Repeat(append(data, '\n'), 3), 1024)
 		}
 	})
+}
+
+// sameListItem checks that a list holding data (one JSON value) as its one
+// item, read as a stream, gives what the dynamic client's decoder and
+// toCached give for a Uuid, and an error for anything else.
+func sameListItem(t *testing.T, data []byte) {
+	t.Helper()
+	if !stdjson.Valid(data) {
+		return // not one item
+	}
+	obj, _, err := unstructured.UnstructuredJSONScheme.Decode(data, nil, nil)
+	u, isUuid := obj.(*unstructured.Unstructured)
+	isUuid = isUuid && err == nil && u.GetKind() == uuidKind && u.GetAPIVersion() == uuidAPIVersion
+	got, _, err := readAll(listJSON(`{}`, string(data)))
+	switch {
+	case !isUuid && err == nil:
+		t.Fatalf("a list holding %s read as %d objects, want an error", short(string(data)), len(got))
+	case isUuid && err != nil:
+		t.Fatalf("a list holding %s: %v", short(string(data)), err)
+	case isUuid && (len(got) != 1 || !reflect.DeepEqual(got[0], toCached(u))):
+		t.Fatalf("a list holding %s read as %#v, want %#v", short(string(data)), got, toCached(u))
+	}
 }
 
 // sameFrames checks that eventFramer splits stream, read in small pieces,
