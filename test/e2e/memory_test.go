@@ -183,6 +183,8 @@ func TestHugeObjectsBoundMemory(t *testing.T) {
 			if v := metricReaches(ctx, t, p, "uuid_controller_sweep_invalid_objects", nil, 5); v != 5 {
 				t.Errorf("%s: uuid_controller_sweep_invalid_objects = %v, want the 5 strays", phase.name, v)
 			}
+		} else if !informerListed(t, ns) {
+			t.Errorf("%s: the audit log has no list by the controller's informer (resourceVersion set): it did not list", phase.name)
 		}
 		mustStayRunning(t, p)
 		peak, err := p.PeakRSS()
@@ -197,6 +199,20 @@ func TestHugeObjectsBoundMemory(t *testing.T) {
 			t.Errorf("%s: exit code %d on SIGTERM", phase.name, code)
 		}
 	}
+}
+
+// informerListed tells whether the controller's informer listed Uuid
+// objects in ns: a list with a resourceVersion, which the sweep's pages and
+// the reads of strays do not set.
+func informerListed(t *testing.T, ns string) bool {
+	t.Helper()
+	lists, _ := controllerListsAndWatches(t, ns)
+	for _, q := range lists {
+		if q.Get("resourceVersion") != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // installLaxCRD installs crd.yaml with no rule on status.uuid or state and
