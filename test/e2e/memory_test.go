@@ -151,12 +151,11 @@ func TestHugeObjectsBoundMemory(t *testing.T) {
 				if before[name].uuid != "" && before[name].state == "Ok" {
 					continue
 				}
-				status := o.status
-				if status == "" {
-					status = "null"
+				patch := `[{"op":"remove","path":"/status"}]`
+				if o.status != "" {
+					patch = `[{"op":"add","path":"/status","value":` + o.status + `}]`
 				}
-				if _, err := env.fw.Uuids(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"status":`+status+`}`),
-					metav1.PatchOptions{}); err != nil {
+				if _, err := env.fw.Uuids(ns).Patch(ctx, name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
