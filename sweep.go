@@ -14,8 +14,9 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// sweepPageSize is how many objects one page of a sweep holds: the sweep's
-// memory is one page, whatever the number of objects.
+// sweepPageSize is how many objects one page of a sweep asks for. A page
+// is read as a stream, one object at a time, so the sweep's memory is one
+// object's bytes, whatever the number or the size of the objects.
 const sweepPageSize = 500
 
 // sweeper finds, for the leader of a narrowed watch, the objects that
@@ -132,9 +133,8 @@ type sweepCounts struct {
 }
 
 // sweep pages through every object in each of s.namespaces (all when
-// none), sweepPageSize at a time, each read as a stream (pageLister), and
-// queues those whose status.uuid is
-// set but is not a UUID. The first object carrying kopf's finalizer calls
+// none), sweepPageSize at a time, each page read as a stream (pageLister),
+// and queues those whose status.uuid is set but is not a UUID. The first object carrying kopf's finalizer calls
 // onKopfFinalizer. A namespace whose list fails does not stop the others.
 func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 	namespaces := s.namespaces
@@ -208,8 +208,8 @@ func (s *sweeper) check(u *cachedUUID, n *sweepCounts) {
 }
 
 // getStray reads a stray from the apiserver, by a list narrowed to its
-// name (the controller may list, not get), read as a stream; NotFound once it is gone or has
-// a UUID, when it stops being a stray.
+// name (the controller may list, not get) read as a stream; NotFound once
+// it is gone or has a UUID, when it stops being a stray.
 func (s *sweeper) getStray(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
 	var obj *cachedUUID
 	_, err := s.list(ctx, key.Namespace, metav1.ListOptions{
