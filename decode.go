@@ -695,9 +695,7 @@ func (s *scanner) number() (isInt, ok bool) {
 		j++
 	}
 	digits := j
-	for j < len(b) && '0' <= b[j] && b[j] <= '9' {
-		j++
-	}
+	j = digitsEnd(b, j)
 	intDigits := j - digits
 	if intDigits == 0 || intDigits > 1 && b[digits] == '0' {
 		return false, false
@@ -705,12 +703,9 @@ func (s *scanner) number() (isInt, ok bool) {
 	fraction, exponent := false, false
 	if j < len(b) && b[j] == '.' {
 		fraction = true
-		j++
-		k := j
-		for j < len(b) && '0' <= b[j] && b[j] <= '9' {
-			j++
-		}
-		if j == k {
+		if k := digitsEnd(b, j+1); k > j+1 {
+			j = k
+		} else {
 			return false, false
 		}
 	}
@@ -720,11 +715,9 @@ func (s *scanner) number() (isInt, ok bool) {
 		if j < len(b) && (b[j] == '+' || b[j] == '-') {
 			j++
 		}
-		k := j
-		for j < len(b) && '0' <= b[j] && b[j] <= '9' {
-			j++
-		}
-		if j == k {
+		if k := digitsEnd(b, j); k > j {
+			j = k
+		} else {
 			return false, false
 		}
 	}
@@ -743,6 +736,14 @@ func (s *scanner) number() (isInt, ok bool) {
 		}
 	}
 	return isInt, true
+}
+
+// digitsEnd is where the run of decimal digits at b[j:] ends.
+func digitsEnd(b []byte, j int) int {
+	for j < len(b) && '0' <= b[j] && b[j] <= '9' {
+		j++
+	}
+	return j
 }
 
 // newCachedInformer is client-go's dynamicinformer.NewFilteredDynamicInformer

@@ -150,8 +150,11 @@ func readList(r io.Reader, each func(item []byte) error) (metav1.ListMeta, error
 			return meta, fmt.Errorf("list: %q after a member", c)
 		}
 	}
-	if _, err := s.peek(); err != io.EOF {
+	switch _, err := s.peek(); {
+	case err == nil:
 		return meta, errors.New("list: data after the list")
+	case err != io.EOF:
+		return meta, err
 	}
 	if seen&6 != 6 {
 		return meta, errors.New("list: no kind or apiVersion")

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -256,30 +255,15 @@ func installLaxCRD(ctx context.Context, t *testing.T) {
 // sending the bytes as they are.
 func createRaw(ctx context.Context, t *testing.T, ns string, names []string, body func(name string) []byte) {
 	t.Helper()
-	work := make(chan string)
-	errs := make(chan error, len(names))
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() {
-			for name := range work {
-				err := env.kube.CoreV1().RESTClient().Post().AbsPath("/apis", cluster.UuidGVR.Group, cluster.UuidGVR.Version,
-					"namespaces", ns, cluster.UuidGVR.Resource).SetHeader("Content-Type", "application/json").
-					Body(body(name)).Do(ctx).Error()
-				if err != nil {
-					errs <- fmt.Errorf("create %s/%s: %w", ns, name, err)
-				}
-			}
-		})
-	}
-	for _, name := range names {
-		work <- name
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	framework.Each(t, names, 4, func(name string) error {
+		err := env.kube.CoreV1().RESTClient().Post().AbsPath("/apis", cluster.UuidGVR.Group, cluster.UuidGVR.Version,
+			"namespaces", ns, cluster.UuidGVR.Resource).SetHeader("Content-Type", "application/json").
+			Body(body(name)).Do(ctx).Error()
+		if err != nil {
+			return fmt.Errorf("create %s/%s: %w", ns, name, err)
+		}
+		return nil
+	})
 }
 
 // tableRow is what the apiserver's table of Uuid objects shows of one.
