@@ -301,10 +301,13 @@ func canonicalUUID(s string) (uuid.UUID, bool) {
 // being replaced; the CRD schema rejects such values, so they only appear
 // when the schema was changed or bypassed.
 func existingUUID(obj *unstructured.Unstructured) (id string, problem string) {
-	raw, found, err := unstructured.NestedFieldNoCopy(obj.Object, "status", "uuid")
-	if err != nil {
-		return "", fmt.Sprintf("status is not an object: %v", err)
+	if st, ok := obj.Object["status"]; ok && st != nil {
+		if _, ok := st.(map[string]any); !ok {
+			// Its type, not its value, which may be large.
+			return "", fmt.Sprintf("status is a %T, not an object", st)
+		}
 	}
+	raw, found, _ := unstructured.NestedFieldNoCopy(obj.Object, "status", "uuid")
 	if !found {
 		return "", ""
 	}

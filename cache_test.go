@@ -107,7 +107,7 @@ func TestExistingUUID(t *testing.T) {
 		{name: "not a uuid", status: map[string]any{"uuid": "NA"}, wantProblem: `status.uuid "NA" is not a UUID`},
 		{name: "urn form is not accepted", status: map[string]any{"uuid": "urn:uuid:" + valid}, wantProblem: "is not a UUID"},
 		{name: "uuid of wrong type", status: map[string]any{"uuid": int64(7)}, wantProblem: "status.uuid is a int64, not a string"},
-		{name: "status of wrong type", status: "done", wantProblem: "status is not an object"},
+		{name: "status of wrong type", status: "done", wantProblem: "status is a string, not an object"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -30,9 +29,6 @@ import (
 
 // Controller assigns a UUID to the status of every Uuid object that lacks one.
 type Controller struct {
-	// client lists for sweeps and strays and, through kopf, removes
-	// kopf's finalizer; reads come from store.
-	client dynamic.NamespaceableResourceInterface
 	// sendStatus writes the status subresource (Deps.Status).
 	sendStatus statusPatcher
 	// store is the informer's cache of *cachedUUID objects (main's is a
@@ -111,8 +107,12 @@ func (noCRDGate) Suspect()       {}
 // Deps are what a controller is built on. The caller picks each: main.go
 // the real ones, tests fakes.
 type Deps struct {
-	// Client reads strays, lists for sweeps and removes kopf's finalizer.
-	Client dynamic.Interface
+	// List reads strays and lists for sweeps: main's is streamLister,
+	// unit tests' dynamicLister over a fake client.
+	List pageLister
+	// Patch removes kopf's finalizer: main's is objectPatcher, which
+	// reads nothing of the answer but an error.
+	Patch kopf.Patcher
 	// Informer is the informer on uuidGVR, not yet started.
 	Informer informers.GenericInformer
 	// Status sends status writes: main's is restPatcher over
@@ -144,7 +144,6 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 	logger := klog.FromContext(ctx)
 	informer := d.Informer
 	c := &Controller{
-		client:     d.Client.Resource(uuidGVR),
 		sendStatus: d.Status,
 		store:      informer.Informer().GetIndexer(),
 		synced:     informer.Informer().HasSynced,
@@ -185,10 +184,10 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 			return nil, fmt.Errorf("registering the in-flight limit's metric: %w", err)
 		}
 	}
-	c.sweeps = newSweeper(c.client, c.queue.Add, d.Metrics)
+	c.sweeps = newSweeper(d.List, c.queue.Add, d.Metrics)
 	var err error
 	c.kopf, err = kopf.New(kopf.Config{
-		Remove: opts.RemoveKopfFinalizer, Client: c.client, Resource: uuidGVR.GroupResource(), FieldManager: FieldManager,
+		Remove: opts.RemoveKopfFinalizer, Patch: d.Patch, Resource: uuidGVR.GroupResource(), FieldManager: FieldManager,
 		Any:   c.anyCached,
 		Held:  func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
 		Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,

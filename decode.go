@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	apiwatch "k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -21,16 +24,24 @@ import (
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
-// newInformerClient is the dynamic client the informer lists and watches
-// with: client-go's, over a REST client whose JSON decoders read a Uuid
+// informerClient is what the informer reads with: client-go's dynamic
+// client for its watch, over a REST client whose JSON decoders read a Uuid
 // object straight into a *cachedUUID (decodeCached) instead of a map, and
-// each watch event's envelope without a second decode of the object. What
-// they do not read in one pass (any other kind, a bookmark, an object of
-// unusual shape, any request's typed result) goes to the dynamic client's
-// own decoders, so it is decoded as before. The informer built on it
-// (newInformer) accepts both a *cachedUUID and an *unstructured.Unstructured;
-// trimForCache turns the latter into the former.
-func newInformerClient(cfg *rest.Config) (dynamic.Interface, error) {
+// each watch event's envelope without a second decode of the object; and,
+// for its lists, a pageLister that reads a list as a stream of objects,
+// each decoded the same way. What the decoders do not read in one pass
+// (any other kind, a bookmark, JSON they cannot vouch for, any request's
+// typed result) goes to the dynamic client's own decoders. The informer
+// built on it (newInformer) accepts both a *cachedUUID and an
+// *unstructured.Unstructured; trimForCache turns the latter into the former.
+type informerClient struct {
+	dynamic.Interface
+	list pageLister
+}
+
+// newInformerClient is the informerClient for cfg; its REST client also
+// serves the sweep's lists.
+func newInformerClient(cfg *rest.Config) (informerClient, error) {
 	config := dynamic.ConfigFor(cfg)
 	config.GroupVersion = nil
 	// As dynamic.NewForConfig: each request's path is absolute.
@@ -38,9 +49,9 @@ func newInformerClient(cfg *rest.Config) (dynamic.Interface, error) {
 	config.NegotiatedSerializer = cachedSerializer{config.NegotiatedSerializer}
 	rc, err := rest.UnversionedRESTClientFor(config)
 	if err != nil {
-		return nil, fmt.Errorf("building the informer's REST client: %w", err)
+		return informerClient{}, fmt.Errorf("building the informer's REST client: %w", err)
 	}
-	return dynamic.New(rc), nil
+	return informerClient{Interface: dynamic.New(rc), list: streamLister(rc)}, nil
 }
 
 // cachedSerializer is the dynamic client's serializer with its JSON
@@ -113,9 +124,10 @@ func (d eventDecoder) Decode(data []byte, defaults *schema.GroupVersionKind, int
 // answer false and the caller decodes as before. So they never need to
 // produce an error of their own.
 
-// maxDepth bounds the nesting the fast path follows; deeper input goes to
-// the dynamic client's decoder (encoding/json's own limit is 10,000).
-const maxDepth = 1000
+// maxDepth is the nesting encoding/json (and so the dynamic client's
+// decoder) allows: the fast path skips values up to it, and leaves deeper
+// input to that decoder, to fail the same way.
+const maxDepth = 10000
 
 // uuidAPIVersion is the apiVersion of a Uuid object.
 var uuidAPIVersion = uuidGVK.GroupVersion().String()
@@ -148,18 +160,20 @@ func decodeEvent(data []byte) (typ string, obj []byte, ok bool) {
 
 // decodeCached reads a Uuid object's JSON into a *cachedUUID in one pass,
 // reading only what toCached reads (metadata's identity, timestamps and
-// finalizers; status) and skipping the rest (managedFields, spec,
-// annotations) without building anything; the result is toCached's for the
-// same bytes decoded as unstructured. ok is false for anything it leaves to
-// the dynamic client's decoder: another kind, an object without a name (a
-// bookmark, whose annotations the informer reads), a malformed status or
-// metadata (whose problem text quotes the decoded value), the conditions of
-// a failed object, and whatever the comment above lists.
+// finalizers; status, and the conditions of a failed object) and skipping
+// the rest (managedFields, spec, annotations), however large or deep,
+// without building anything; the result is toCached's for the same bytes
+// decoded as unstructured. ok is false for anything it leaves to the
+// dynamic client's decoder, none of which an apiserver sends as a Uuid:
+// another kind, an object without a name (a bookmark, whose annotations
+// the informer reads), metadata of the wrong types, a top-level "items"
+// (which that decoder reads as a list), and whatever the comment above
+// lists.
 func decodeCached(data []byte) (c *cachedUUID, ok bool) {
 	s := scanner{b: data}
 	var f cachedFields
 	var seen uint8
-	var conditions bool
+	var st statusFields
 	var finalizers []byte
 	ok = s.members(func(k []byte) bool {
 		switch string(k) {
@@ -172,16 +186,26 @@ func decodeCached(data []byte) (c *cachedUUID, ok bool) {
 		case "metadata":
 			return once(&seen, 4) && s.metadata(&f, &finalizers)
 		case "status":
-			return once(&seen, 8) && s.status(&f, &conditions)
+			return once(&seen, 8) && s.status(&f, &st)
+		case "items":
+			return false
 		}
 		return !typeMetaKey(k) && s.skip(1)
 	})
 	if !ok || !s.end() || seen&3 != 3 || f.name == "" {
 		return nil, false
 	}
-	f.uuidText, f.problem = checkUUID(f.uuidText)
-	if f.problem != "" || conditions && f.uuidText == "" && f.state == StateError {
-		return nil, false
+	switch {
+	case st.notObject != "":
+		f.problem = "status is a " + st.notObject + ", not an object"
+	case st.uuidType != "":
+		f.problem = "status.uuid is a " + st.uuidType + ", not a string"
+	default:
+		f.uuidText, f.problem = checkUUID(f.uuidText)
+	}
+	if st.conditions != nil && f.uuidText == "" && f.state == StateError {
+		// As currentConditions: only a failed object's are kept.
+		f.conditions = readConditions(st.conditions)
 	}
 	if len(finalizers) > 0 {
 		// Every object kopf handled carries its finalizer: checked
@@ -239,11 +263,26 @@ func (s *scanner) metadata(f *cachedFields, finalizers *[]byte) bool {
 	})
 }
 
-// status reads the status object (or null) into f; conditions says
-// whether it has any.
-func (s *scanner) status(f *cachedFields, conditions *bool) bool {
-	if s.peek() == 'n' {
+// statusFields is what status reads besides f's fields.
+type statusFields struct {
+	// notObject is the Go type the dynamic client decodes a status that
+	// is not an object (nor null) into, uuidType that of a status.uuid
+	// that is not a string: existingUUID's problem names it.
+	notObject, uuidType string
+	// conditions is the bytes of status.conditions, nil when absent.
+	conditions []byte
+}
+
+// status reads the status value into f and st.
+func (s *scanner) status(f *cachedFields, st *statusFields) bool {
+	switch s.peek() {
+	case 'n':
 		return s.skip(1) // null: no status
+	case '{':
+	default:
+		var ok bool
+		st.notObject, ok = s.typeName(1)
+		return ok
 	}
 	var seen uint8
 	// str reads a field that toCached reads as "" when it is not a string.
@@ -255,10 +294,14 @@ func (s *scanner) status(f *cachedFields, conditions *bool) bool {
 		*into = string(v)
 		return once(&seen, bit) && ok
 	}
-	return s.peek() == '{' && s.members(func(k []byte) bool {
+	return s.members(func(k []byte) bool {
 		switch string(k) {
 		case "uuid":
-			// Any value but a string is a problem toCached reports.
+			if s.peek() != '"' {
+				var ok bool
+				st.uuidType, ok = s.typeName(2)
+				return once(&seen, 1) && ok
+			}
 			v, ok := s.text()
 			f.uuidText = string(v)
 			return once(&seen, 1) && ok
@@ -267,11 +310,110 @@ func (s *scanner) status(f *cachedFields, conditions *bool) bool {
 		case "message":
 			return str(4, &f.message)
 		case "conditions":
-			*conditions = true
-			return once(&seen, 8) && s.skip(2)
+			start := s.at()
+			ok := once(&seen, 8) && s.skip(2)
+			st.conditions = s.b[start:s.i]
+			return ok
 		}
 		return s.skip(2)
 	})
+}
+
+// typeName skips the value at s, inside depth objects and arrays, and
+// names the Go type the dynamic client decodes it into, as %T does.
+func (s *scanner) typeName(depth int) (string, bool) {
+	name := ""
+	switch s.peek() {
+	case '{':
+		name = "map[string]interface {}"
+	case '[':
+		name = "[]interface {}"
+	case '"':
+		name = "string"
+	case 't', 'f':
+		name = "bool"
+	case 'n':
+		name = "<nil>"
+	default:
+		isInt, ok := s.number()
+		if isInt {
+			return "int64", ok
+		}
+		return "float64", ok
+	}
+	return name, s.skip(depth)
+}
+
+// conditionFields are the JSON names of metav1.Condition's fields.
+var conditionFields = [...]string{"type", "status", "observedGeneration", "lastTransitionTime", "reason", "message"}
+
+// readConditions is currentConditions for the bytes of status.conditions
+// (valid JSON): each element that is an object and converts to a
+// metav1.Condition, the others left out. Only the condition's own fields
+// are decoded, so nothing else an element holds is built.
+func readConditions(data []byte) []metav1.Condition {
+	s := scanner{b: data}
+	if s.peek() != '[' {
+		return nil
+	}
+	s.i++
+	var out []metav1.Condition
+	if s.peek() == ']' {
+		return nil
+	}
+	for {
+		if s.peek() == '{' {
+			if c, ok := s.condition(); ok {
+				out = append(out, c)
+			}
+		} else if !s.skip(3) {
+			return out
+		}
+		if s.peek() != ',' {
+			return out
+		}
+		s.i++
+	}
+}
+
+// condition reads the object at s as the unstructured converter reads the
+// map the dynamic client decodes it into: the last of each of the
+// condition's fields, the rest ignored. An object or array in any of those
+// fields fails that conversion, so it is not decoded either.
+func (s *scanner) condition() (metav1.Condition, bool) {
+	var raw [len(conditionFields)][]byte
+	ok := s.members(func(k []byte) bool {
+		start := s.at()
+		if !s.skip(4) {
+			return false
+		}
+		if i := slices.Index(conditionFields[:], string(k)); i >= 0 {
+			raw[i] = s.b[start:s.i]
+		}
+		return true
+	})
+	if !ok {
+		return metav1.Condition{}, false
+	}
+	m := make(map[string]any, len(conditionFields))
+	for i, r := range raw {
+		if r == nil {
+			continue
+		}
+		if r[0] == '{' || r[0] == '[' {
+			return metav1.Condition{}, false
+		}
+		var v any
+		if err := utiljson.Unmarshal(r, &v); err != nil {
+			return metav1.Condition{}, false
+		}
+		m[conditionFields[i]] = v
+	}
+	var c metav1.Condition
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &c); err != nil {
+		return metav1.Condition{}, false
+	}
+	return c, true
 }
 
 // stringSlice is Unstructured.GetFinalizers for the bytes of the value
@@ -358,10 +500,8 @@ func (s *scanner) end() bool { return s.at() == len(s.b) }
 
 // members calls f with each key of the object at s, decoded, and s at its
 // value, which f must consume; false when the object is malformed or f
-// answered false. With f nil it skips the object, at nesting depth.
-func (s *scanner) members(f func(k []byte) bool) bool { return s.object(f, 0) }
-
-func (s *scanner) object(f func(k []byte) bool, depth int) bool {
+// answered false.
+func (s *scanner) members(f func(k []byte) bool) bool {
 	if s.peek() != '{' {
 		return false
 	}
@@ -371,18 +511,12 @@ func (s *scanner) object(f func(k []byte) bool, depth int) bool {
 		return true
 	}
 	for {
-		var k []byte
-		ok := false
-		if f == nil {
-			_, ok = s.str()
-		} else {
-			k, ok = s.text()
-		}
+		k, ok := s.text()
 		if !ok || s.peek() != ':' {
 			return false
 		}
 		s.i++
-		if f != nil && !f(k) || f == nil && !s.skip(depth+1) {
+		if !f(k) {
 			return false
 		}
 		switch s.peek() {
@@ -458,45 +592,89 @@ func (s *scanner) str() (simple, ok bool) {
 	return false, false
 }
 
-// skip skips a value at nesting depth, validating it.
+// skip skips a value inside depth objects and arrays, validating it,
+// without recursion: one bit a level tells an object from an array, so
+// any nesting costs at most maxDepth bits. A value nested deeper than
+// maxDepth is declined, as the dynamic client's decoder fails there.
 func (s *scanner) skip(depth int) bool {
-	if depth > maxDepth {
+	var stack [maxDepth/64 + 1]uint64 // bit set: an object
+	open := 0                         // containers opened here
+	for {
+		// At a value.
+		switch c := s.peek(); c {
+		case '{', '[':
+			if depth+open >= maxDepth {
+				return false
+			}
+			s.i++
+			isObject := c == '{'
+			if isObject {
+				stack[open/64] |= 1 << (open % 64)
+			} else {
+				stack[open/64] &^= 1 << (open % 64)
+			}
+			open++
+			if end := byte(']'); s.peek() == end || isObject && s.peek() == '}' {
+				s.i++
+				open--
+			} else {
+				if isObject && !s.key() {
+					return false
+				}
+				continue
+			}
+		case '"':
+			if _, ok := s.str(); !ok {
+				return false
+			}
+		case 't':
+			if !s.literal("true") {
+				return false
+			}
+		case 'f':
+			if !s.literal("false") {
+				return false
+			}
+		case 'n':
+			if !s.literal("null") {
+				return false
+			}
+		default:
+			if _, ok := s.number(); !ok {
+				return false
+			}
+		}
+		// After a value: close what ends here, or go on to the next.
+		for {
+			if open == 0 {
+				return true
+			}
+			isObject := stack[(open-1)/64]&(1<<((open-1)%64)) != 0
+			c := s.peek()
+			if c == ',' {
+				s.i++
+				if isObject && !s.key() {
+					return false
+				}
+				break
+			}
+			if isObject && c == '}' || !isObject && c == ']' {
+				s.i++
+				open--
+				continue
+			}
+			return false
+		}
+	}
+}
+
+// key skips an object's key and the colon after it.
+func (s *scanner) key() bool {
+	if _, ok := s.str(); !ok || s.peek() != ':' {
 		return false
 	}
-	switch s.peek() {
-	case '{':
-		return s.object(nil, depth)
-	case '[':
-		s.i++
-		if s.peek() == ']' {
-			s.i++
-			return true
-		}
-		for {
-			if !s.skip(depth + 1) {
-				return false
-			}
-			switch s.peek() {
-			case ',':
-				s.i++
-			case ']':
-				s.i++
-				return true
-			default:
-				return false
-			}
-		}
-	case '"':
-		_, ok := s.str()
-		return ok
-	case 't':
-		return s.literal("true")
-	case 'f':
-		return s.literal("false")
-	case 'n':
-		return s.literal("null")
-	}
-	return s.integer()
+	s.i++
+	return true
 }
 
 func (s *scanner) literal(l string) bool {
@@ -507,38 +685,75 @@ func (s *scanner) literal(l string) bool {
 	return true
 }
 
-// integer skips an integer of at most 15 digits, which any JSON decoder
-// holds exactly; anything else (a fraction, an exponent, a longer number,
-// one an int64 or a float64 may not hold) is left to the slow path.
-func (s *scanner) integer() bool {
-	j := s.i
-	if j < len(s.b) && s.b[j] == '-' {
+// number skips a number, and tells the type the dynamic client's decoder
+// gives it: int64 when it has no fraction and fits, else float64. ok is
+// false when it is not a JSON number, or one a float64 cannot hold (the
+// dynamic client's decoder fails on those).
+func (s *scanner) number() (isInt, ok bool) {
+	b, j := s.b, s.i
+	if j < len(b) && b[j] == '-' {
 		j++
 	}
 	digits := j
-	for j < len(s.b) && '0' <= s.b[j] && s.b[j] <= '9' {
-		j++
+	j = digitsEnd(b, j)
+	intDigits := j - digits
+	if intDigits == 0 || intDigits > 1 && b[digits] == '0' {
+		return false, false
 	}
-	n := j - digits
-	if n == 0 || n > 15 || n > 1 && s.b[digits] == '0' {
-		return false
-	}
-	if j < len(s.b) {
-		switch s.b[j] {
-		case '.', 'e', 'E':
-			return false
+	fraction, exponent := false, false
+	if j < len(b) && b[j] == '.' {
+		fraction = true
+		if k := digitsEnd(b, j+1); k > j+1 {
+			j = k
+		} else {
+			return false, false
 		}
 	}
+	if j < len(b) && (b[j] == 'e' || b[j] == 'E') {
+		exponent = true
+		j++
+		if j < len(b) && (b[j] == '+' || b[j] == '-') {
+			j++
+		}
+		if k := digitsEnd(b, j); k > j {
+			j = k
+		} else {
+			return false, false
+		}
+	}
+	text := b[s.i:j]
 	s.i = j
-	return true
+	// As sigs.k8s.io/json's convertNumber: an int64 if it parses as one.
+	isInt = !fraction && intDigits <= 18 && !exponent
+	if !fraction && !isInt {
+		_, err := strconv.ParseInt(string(text), 10, 64)
+		isInt = err == nil
+	}
+	// Without an exponent, a float64 holds anything under 309 digits.
+	if !isInt && (exponent || intDigits > 308) {
+		if _, err := strconv.ParseFloat(string(text), 64); err != nil {
+			return false, false
+		}
+	}
+	return isInt, true
+}
+
+// digitsEnd is where the run of decimal digits at b[j:] ends.
+func digitsEnd(b []byte, j int) int {
+	for j < len(b) && '0' <= b[j] && b[j] <= '9' {
+		j++
+	}
+	return j
 }
 
 // newCachedInformer is client-go's dynamicinformer.NewFilteredDynamicInformer
 // without an expected type: its reflector would drop every object that is
 // not an *unstructured.Unstructured, and the client from newInformerClient
-// decodes a Uuid as a *cachedUUID. observe gets the error of each list
-// and watch request, nil when it succeeded (access.go).
-func newCachedInformer(client dynamic.Interface, namespace string, resync time.Duration,
+// decodes a Uuid as a *cachedUUID. Its lists (when the apiserver does not
+// stream the initial state as a watch) go through client.list. observe
+// gets the error of each list and watch request, nil when it succeeded
+// (access.go).
+func newCachedInformer(client informerClient, namespace string, resync time.Duration,
 	tweak dynamicinformer.TweakListOptionsFunc, observe func(context.Context, error)) informers.GenericInformer {
 	res := client.Resource(uuidGVR).Namespace(namespace)
 	options := func(o metav1.ListOptions) metav1.ListOptions {
@@ -549,20 +764,44 @@ func newCachedInformer(client dynamic.Interface, namespace string, resync time.D
 	}
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			l, err := res.List(ctx, options(o))
+			l := &cachedList{}
+			meta, err := client.list(ctx, namespace, options(o), func(c *cachedUUID) error {
+				l.Items = append(l.Items, c)
+				return nil
+			})
 			observe(ctx, err)
-			return l, err
+			if err != nil {
+				return nil, err
+			}
+			l.ListMeta = meta
+			return l, nil
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
 			wi, err := res.Watch(ctx, options(o))
 			observe(ctx, err)
 			return wi, err
 		},
-	}, client)
+	}, client.Interface)
 	inf := cache.NewSharedIndexInformerWithOptions(lw, nil, cache.SharedIndexInformerOptions{
 		ResyncPeriod: resync, Indexers: cache.Indexers{}, ObjectDescription: uuidGVR.String(),
 	})
 	return cachedInformer{inf}
+}
+
+// cachedList is a page of a list as the informer's reflector gets it.
+type cachedList struct {
+	metav1.TypeMeta
+	metav1.ListMeta
+	// Items are *cachedUUID, read-only.
+	Items []runtime.Object
+}
+
+// DeepCopyObject implements runtime.Object; the items are read-only, so
+// shared.
+func (l *cachedList) DeepCopyObject() runtime.Object {
+	out := *l
+	out.Items = slices.Clone(l.Items)
+	return &out
 }
 
 // cachedInformer is an informers.GenericInformer over newCachedInformer's.

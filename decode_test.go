@@ -127,14 +127,14 @@ var decodeCorpus = []struct {
 	{"no status", uuidJSON("", `"spec":{}`), true},
 	{"blank status", uuidJSON("", `"status":{}`), true},
 	{"null status", uuidJSON("", `"status":null`), true},
-	{"kopf NA", uuidJSON(`"finalizers":["kopf.zalando.org/KopfFinalizerMarker"]`, `"status":{"state":"Erreur","message":"boom","uuid":"NA"}`), false},
+	{"kopf NA", uuidJSON(`"finalizers":["kopf.zalando.org/KopfFinalizerMarker"]`, `"status":{"state":"Erreur","message":"boom","uuid":"NA"}`), true},
 	{"upper-case UUID", uuidJSON("", `"status":{"state":"Ok","uuid":"`+strings.ToUpper(validUUID)+`"}`), true},
-	{"UUID with braces", uuidJSON("", `"status":{"uuid":"{`+validUUID+`}"}`), false},
+	{"UUID with braces", uuidJSON("", `"status":{"uuid":"{`+validUUID+`}"}`), true},
 	{"empty uuid", uuidJSON("", `"status":{"uuid":"","state":"Ok"}`), true},
-	{"status not an object", uuidJSON("", `"status":"broken"`), false},
-	{"status an array", uuidJSON("", `"status":[1,"a",{"b":2.5}]`), false},
-	{"uuid not a string", uuidJSON("", `"status":{"uuid":5}`), false},
-	{"uuid null", uuidJSON("", `"status":{"uuid":null}`), false},
+	{"status not an object", uuidJSON("", `"status":"broken"`), true},
+	{"status an array", uuidJSON("", `"status":[1,"a",{"b":2.5}]`), true},
+	{"uuid not a string", uuidJSON("", `"status":{"uuid":5}`), true},
+	{"uuid null", uuidJSON("", `"status":{"uuid":null}`), true},
 	{"state and message not strings", uuidJSON("", `"status":{"state":7,"message":{"a":1}}`), true},
 	{"unusual state and message", uuidJSON("", `"status":{"state":"Pending","message":"waiting"}`), true},
 	{"deletion with finalizers", uuidJSON(deletion+`,"finalizers":["kopf.zalando.org/KopfFinalizerMarker","other"]`, `"status":{"state":"Ok","uuid":"`+validUUID+`"}`), true},
@@ -151,15 +151,43 @@ var decodeCorpus = []struct {
 	{"kopf's finalizer escaped, no deletion", uuidJSON(`"finalizers":["kopf.zalando.org\/KopfFinalizerMarker"]`, ""), true},
 	{"unparsable deletion", uuidJSON(`"deletionTimestamp":"soon","finalizers":["f"]`, ""), true},
 	{"deletion not a string", uuidJSON(`"deletionTimestamp":5`, ""), false},
-	{"conditions of a failure", uuidJSON("", `"status":{"state":"Error","message":"boom",`+readyTrue+`}`), false},
+	{"conditions of a failure", uuidJSON("", `"status":{"state":"Error","message":"boom",`+readyTrue+`}`), true},
 	{"conditions of a success", uuidJSON("", `"status":{"state":"Ok","uuid":"`+validUUID+`",`+readyTrue+`}`), true},
 	{"failure without conditions", uuidJSON("", `"status":{"state":"Error","message":"boom"}`), true},
 	{"huge irrelevant fields", uuidJSON(`"annotations":{"kopf.zalando.org/last-handled-configuration":"`+strings.Repeat(`{\"spec\":{}}`, 5000)+`"},`+managedField,
 		`"spec":{"deep":`+strings.Repeat(`{"a":[`, 200)+`true`+strings.Repeat(`]}`, 200)+`,"list":[1,-2,0,"x",false,null,{}]}`), true},
-	{"too deep", uuidJSON("", `"spec":`+strings.Repeat(`[`, 2000)+strings.Repeat(`]`, 2000)), false},
-	{"a fraction", uuidJSON("", `"spec":{"ratio":0.5}`), false},
+	{"too deep", uuidJSON("", `"spec":`+strings.Repeat(`[`, 2000)+strings.Repeat(`]`, 2000)), true},
+	{"deepest encoding/json reads", uuidJSON("", `"spec":`+strings.Repeat(`{"a":[`, 4999)+`{}`+strings.Repeat(`]}`, 4999)), true},
+	{"deeper than encoding/json reads", uuidJSON("", `"spec":`+strings.Repeat(`{"a":[`, 4999)+`{"b":[]}`+strings.Repeat(`]}`, 4999)), false},
+	{"deep mismatched brackets", uuidJSON("", `"spec":`+strings.Repeat(`[`, 1500)+strings.Repeat(`]`, 1499)+`}`), false},
+	{"deep status", uuidJSON("", `"status":{"state":"Error","x":`+strings.Repeat(`[`, 3000)+strings.Repeat(`]`, 3000)+`,"conditions":[{"type":"Ready","status":"False","reason":"R","message":"m","lastTransitionTime":"2026-12-05T05:00:01Z","extra":`+strings.Repeat(`{"a":`, 3000)+`1`+strings.Repeat(`}`, 3000)+`}]}`), true},
+	{"failed stray with conditions", uuidJSON("", `"status":{"state":"Error","message":"boom","uuid":"NA",`+readyTrue+`}`), true},
+	{"failure's conditions of every shape", uuidJSON("", `"status":{"state":"Error","conditions":[1,"a",null,[],{},`+
+		`{"type":"A","status":"True","reason":"R","message":"m","lastTransitionTime":"2026-12-05T05:00:01Z","observedGeneration":3},`+
+		`{"type":"B","type":"C","status":"False","lastTransitionTime":null,"observedGeneration":2.0,"other":[1,{}]},`+
+		`{"type":"D","observedGeneration":2.5},{"type":"E","lastTransitionTime":"soon"},{"type":{"a":1}},{"type":"F","message":["x"]},`+
+		`{"type":"G","status":5},{"type":"H","reason":true},{"t\u0079pe":"I","lastTransitionTime":"2026-12-05T05:00:01Z"}]}`), true},
+	{"failure's conditions not an array", uuidJSON("", `"status":{"state":"Error","conditions":{"type":"Ready"}}`), true},
+	{"failure's empty conditions", uuidJSON("", `"status":{"state":"Error","conditions":[]}`), true},
+	{"status a number", uuidJSON("", `"status":12`), true},
+	{"status a float", uuidJSON("", `"status":1.5`), true},
+	{"status true", uuidJSON("", `"status":true`), true},
+	{"uuid an object", uuidJSON("", `"status":{"uuid":{"a":[1]}}`), true},
+	{"uuid an array", uuidJSON("", `"status":{"uuid":[]}`), true},
+	{"uuid a float", uuidJSON("", `"status":{"uuid":5e3}`), true},
+	{"uuid a long integer", uuidJSON("", `"status":{"uuid":12345678901234567890}`), true},
+	{"uuid false", uuidJSON("", `"status":{"uuid":false}`), true},
+	{"numbers of every shape", uuidJSON("", `"spec":[0,-0,1.5,-2.25e-3,1E+2,1e400000000000000000000,123456789012345678,1234567890123456789,-9223372036854775808,9223372036854775808,`+strings.Repeat("9", 400)+`,1e308,2e308]`), false},
+	{"numbers that fit", uuidJSON("", `"spec":[0,-0,1.5,-2.25e-3,1E+2,1e-400,123456789012345678,1234567890123456789,-9223372036854775808,9223372036854775808,`+strings.Repeat("9", 300)+`,1e308,0.`+strings.Repeat("0", 400)+`1]`), true},
+	{"a leading zero", uuidJSON("", `"spec":[01]`), false},
+	{"a bare minus", uuidJSON("", `"spec":[-]`), false},
+	{"a bare fraction", uuidJSON("", `"spec":[1.]`), false},
+	{"a bare exponent", uuidJSON("", `"spec":[1e]`), false},
+	{"a plus sign", uuidJSON("", `"spec":[+1]`), false},
+	{"top-level items", uuidJSON("", `"items":[]`), false},
+	{"a fraction", uuidJSON("", `"spec":{"ratio":0.5}`), true},
 	{"a number too large", uuidJSON("", `"spec":{"n":1e400}`), false},
-	{"a long integer", uuidJSON("", `"spec":{"n":12345678901234567890}`), false},
+	{"a long integer", uuidJSON("", `"spec":{"n":12345678901234567890}`), true},
 	{"unicode name", `{"apiVersion":"demo.operator/v1","kind":"Uuid","metadata":{"name":"名前-ünï","namespace":"n\u00e9s"},"status":{"message":"日本語 \ud83d\ude00"}}`, true},
 	{"invalid UTF-8", "{\"apiVersion\":\"demo.operator/v1\",\"kind\":\"Uuid\",\"metadata\":{\"name\":\"a\xff\xfe\"},\"status\":{\"message\":\"\xc3\"}}", true},
 	{"escaped keys", `{"apiVersion":"demo.operator/v1","kind":"Uuid","metadata":{"n\u0061me":"a"},"st\u0061tus":{"uuid":"` + validUUID + `"}}`, true},
@@ -229,9 +257,10 @@ func TestDecodeEventMatchesWatchEvent(t *testing.T) {
 	}
 }
 
-// FuzzDecodeCached checks the equivalence of TestDecodeCachedMatchesUnstructured
-// and TestDecodeEventMatchesWatchEvent on any input, and that the frame
-// reader splits it as client-go's does: run it with
+// FuzzDecodeCached checks the equivalence of TestDecodeCachedMatchesUnstructured,
+// TestDecodeEventMatchesWatchEvent and TestReadListMatchesUnstructured (for
+// a list holding the input) on any input, and that the frame reader splits
+// it as client-go's does: run it with
 // go test -run '^$' -fuzz FuzzDecodeCached -fuzztime 1m .
 func FuzzDecodeCached(f *testing.F) {
 	for _, tt := range decodeCorpus {
@@ -242,12 +271,35 @@ func FuzzDecodeCached(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameObject(t, stock.Serializer, fast.Serializer, data)
 		sameEvent(t, stock.StreamSerializer.Serializer, fast.StreamSerializer.Serializer, data)
+		sameListItem(t, data)
 		// A stream of objects, as the apiserver sends events (eventFramer
 		// ends any other stream at once: see TestEventFramer).
 		if v := bytes.TrimLeft(data, " \t\r\n"); stdjson.Valid(data) && (v[0] == '{' || v[0] == '[') {
 			sameFrames(t, bytes.Repeat(append(data, '\n'), 3), 1024)
 		}
 	})
+}
+
+// sameListItem checks that a list holding data (one JSON value) as its one
+// item, read as a stream, gives what the dynamic client's decoder and
+// toCached give for a Uuid, and an error for anything else.
+func sameListItem(t *testing.T, data []byte) {
+	t.Helper()
+	if !stdjson.Valid(data) {
+		return // not one item
+	}
+	obj, _, err := unstructured.UnstructuredJSONScheme.Decode(data, nil, nil)
+	u, isUuid := obj.(*unstructured.Unstructured)
+	isUuid = isUuid && err == nil && u.GetKind() == uuidKind && u.GetAPIVersion() == uuidAPIVersion
+	got, _, err := readAll(listJSON(`{}`, string(data)))
+	switch {
+	case !isUuid && err == nil:
+		t.Fatalf("a list holding %s read as %d objects, want an error", short(string(data)), len(got))
+	case isUuid && err != nil:
+		t.Fatalf("a list holding %s: %v", short(string(data)), err)
+	case isUuid && (len(got) != 1 || !reflect.DeepEqual(got[0], toCached(u))):
+		t.Fatalf("a list holding %s read as %#v, want %#v", short(string(data)), got, toCached(u))
+	}
 }
 
 // sameFrames checks that eventFramer splits stream, read in small pieces,

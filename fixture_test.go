@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -25,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
 const testUUID = "3d6a4f0e-5b2c-4e7a-9c1d-8f0e2a4b6c8d"
@@ -106,7 +109,8 @@ func newFixtureWithClient(t *testing.T, client *dynamicfake.FakeDynamicClient, o
 // written with the dynamic client, no CRD check, and a kopf admission
 // policy that binds (internal/kopf tests the proof).
 func testDeps(client dynamic.Interface, informer informers.GenericInformer, recorder record.EventRecorder, metrics *Metrics) Deps {
-	return Deps{Client: client, Informer: informer, Status: dynamicPatcher(client.Resource(uuidGVR)),
+	return Deps{List: dynamicLister(client), Patch: kopf.DynamicPatcher(client.Resource(uuidGVR)),
+		Informer: informer, Status: dynamicPatcher(client.Resource(uuidGVR)),
 		Recorder: recorder, Metrics: metrics, CRD: noCRDGate{},
 		KopfProbe: func(context.Context, string, string) error { return nil }}
 }
@@ -294,3 +298,20 @@ func (f *fixture) runUntilCancelled(k cache.ObjectName, started <-chan struct{},
 }
 
 func key(ns, name string) cache.ObjectName { return cache.NewObjectName(ns, name) }
+
+// dynamicLister is a pageLister over a dynamic client (a fake): each page
+// decoded as unstructured, then toCached.
+func dynamicLister(client dynamic.Interface) pageLister {
+	return func(ctx context.Context, namespace string, opts metav1.ListOptions, each func(*cachedUUID) error) (metav1.ListMeta, error) {
+		list, err := client.Resource(uuidGVR).Namespace(namespace).List(ctx, opts)
+		if err != nil {
+			return metav1.ListMeta{}, err
+		}
+		for i := range list.Items {
+			if err := each(toCached(&list.Items[i])); err != nil {
+				return metav1.ListMeta{}, err
+			}
+		}
+		return metav1.ListMeta{Continue: list.GetContinue(), ResourceVersion: list.GetResourceVersion()}, nil
+	}
+}

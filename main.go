@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -138,10 +137,9 @@ func background(cancel context.CancelFunc, f func()) (wait func()) {
 // clients are the controller's connections to the apiserver.
 type clients struct {
 	rest *rest.Config
-	dyn  dynamic.Interface
-	// informerDyn is the informer's dynamic client, which decodes a Uuid
-	// straight into its cache entry (decode.go).
-	informerDyn dynamic.Interface
+	// informerDyn is the informer's client, which decodes a Uuid straight
+	// into its cache entry (decode.go); its lister serves the sweep too.
+	informerDyn informerClient
 	kube        kubernetes.Interface
 	disc        discovery.DiscoveryInterfaceWithContext
 	// status is the status transport: restPatcher, which does not decode
@@ -150,6 +148,8 @@ type clients struct {
 	// inFlight bounds the syncs at once; the status client reports the
 	// apiserver's 429s to it.
 	inFlight *inflight.Limiter
+	// patch is the kopf migration's transport, which does not either.
+	patch kopf.Patcher
 }
 
 // newClients builds every client from the flags' kubeconfig, tuned by
@@ -161,9 +161,6 @@ func newClients(cfg *config) (*clients, error) {
 	}
 	tuneClient(restConfig, cfg)
 	c := &clients{rest: restConfig}
-	if c.dyn, err = dynamic.NewForConfig(restConfig); err != nil {
-		return nil, fmt.Errorf("building dynamic client: %w", err)
-	}
 	if c.informerDyn, err = newInformerClient(restConfig); err != nil {
 		return nil, err
 	}
@@ -181,6 +178,7 @@ func newClients(cfg *config) (*clients, error) {
 		return nil, err
 	}
 	c.status = restPatcher(statusClient)
+	c.patch = kopfPatcher(statusClient)
 	return c, nil
 }
 
@@ -213,7 +211,7 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 	newInf := func(namespace string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer {
 		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed, observe)
 	}
-	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false, ignoreAccess), Status: c.status,
+	ctrl, err := NewController(ctx, Deps{List: c.informerDyn.list, Patch: c.patch, Informer: newInf("", false, ignoreAccess), Status: c.status,
 		InFlight: c.inFlight, Recorder: recorder, Metrics: metrics, CRD: crd}, cfg.opts)
 	if err != nil {
 		return nil, nil, nil, err

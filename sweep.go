@@ -4,30 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-
-	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
-// sweepPageSize is how many objects one page of a sweep holds: the sweep's
-// memory is one page, whatever the number of objects.
+// sweepPageSize is how many objects one page of a sweep asks for. A page
+// is read as a stream, one object at a time, so the sweep's memory is one
+// object's bytes, whatever the number or the size of the objects.
 const sweepPageSize = 500
 
 // sweeper finds, for the leader of a narrowed watch, the objects that
 // watch cannot see: those whose status.uuid is set but is not a UUID.
 type sweeper struct {
-	// client lists the objects.
-	client dynamic.NamespaceableResourceInterface
+	// list lists the objects, one page at a time, as a stream.
+	list pageLister
 	// namespaces (nil for all) are what a sweep lists.
 	namespaces []string
 	// narrowed tells whether the narrowed informer is in use (watch.go):
@@ -45,9 +41,9 @@ type sweeper struct {
 	requests chan struct{}
 }
 
-func newSweeper(client dynamic.NamespaceableResourceInterface, enqueue func(cache.ObjectName), metrics *Metrics) *sweeper {
+func newSweeper(list pageLister, enqueue func(cache.ObjectName), metrics *Metrics) *sweeper {
 	return &sweeper{
-		client:          client,
+		list:            list,
 		narrowed:        func() bool { return false },
 		enqueue:         enqueue,
 		onKopfFinalizer: func() {},
@@ -137,8 +133,8 @@ type sweepCounts struct {
 }
 
 // sweep pages through every object in each of s.namespaces (all when
-// none), sweepPageSize at a time, and queues those whose status.uuid is
-// set but is not a UUID. The first object carrying kopf's finalizer calls
+// none), sweepPageSize at a time, each page read as a stream (pageLister),
+// and queues those whose status.uuid is set but is not a UUID. The first object carrying kopf's finalizer calls
 // onKopfFinalizer. A namespace whose list fails does not stop the others.
 func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 	namespaces := s.namespaces
@@ -167,7 +163,7 @@ func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 func (s *sweeper) sweepNamespace(ctx context.Context, ns string, n *sweepCounts) error {
 	opts := metav1.ListOptions{Limit: sweepPageSize}
 	for {
-		list, err := s.client.Namespace(ns).List(ctx, opts)
+		page, err := s.list(ctx, ns, opts, func(c *cachedUUID) error { s.check(c, n); return nil })
 		if err != nil {
 			if next := continueAfterExpiry(err); opts.Continue != "" && next != "" && next != opts.Continue {
 				n.expired++
@@ -179,10 +175,7 @@ func (s *sweeper) sweepNamespace(ctx context.Context, ns string, n *sweepCounts)
 			}
 			return fmt.Errorf("listing %s in namespace %s (%d listed): %w", uuidGVR.GroupResource(), ns, n.listed, err)
 		}
-		for i := range list.Items {
-			s.check(&list.Items[i], n)
-		}
-		if opts.Continue = list.GetContinue(); opts.Continue == "" {
+		if opts.Continue = page.Continue; opts.Continue == "" {
 			return nil
 		}
 	}
@@ -200,13 +193,13 @@ func continueAfterExpiry(err error) string {
 
 // check counts u into n and queues it when its status.uuid is set but is
 // not a UUID.
-func (s *sweeper) check(u *unstructured.Unstructured, n *sweepCounts) {
+func (s *sweeper) check(u *cachedUUID, n *sweepCounts) {
 	n.listed++
-	if !n.kopfSeen && slices.Contains(u.GetFinalizers(), kopf.Finalizer) {
+	if !n.kopfSeen && u.carriesKopfFinalizer() {
 		n.kopfSeen = true
 		s.onKopfFinalizer()
 	}
-	if _, problem := existingUUID(u); problem != "" {
+	if u.uuidProblem() != "" {
 		n.found++
 		key := cache.ObjectName{Namespace: u.GetNamespace(), Name: u.GetName()}
 		s.strays.add(key)
@@ -215,21 +208,25 @@ func (s *sweeper) check(u *unstructured.Unstructured, n *sweepCounts) {
 }
 
 // getStray reads a stray from the apiserver, by a list narrowed to its
-// name (the controller may list, not get); NotFound once it is gone or has
-// a UUID, when it stops being a stray.
+// name (the controller may list, not get) read as a stream; NotFound once
+// it is gone or has a UUID, when it stops being a stray.
 func (s *sweeper) getStray(ctx context.Context, key cache.ObjectName) (*cachedUUID, error) {
-	list, err := s.client.Namespace(key.Namespace).List(ctx, metav1.ListOptions{
+	var obj *cachedUUID
+	_, err := s.list(ctx, key.Namespace, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name).String(),
+	}, func(c *cachedUUID) error {
+		if c.GetName() == key.Name {
+			obj = c
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading %s, whose status.uuid is not a UUID: %w", key, err)
 	}
-	i := slices.IndexFunc(list.Items, func(u unstructured.Unstructured) bool { return u.GetName() == key.Name })
-	if i < 0 {
+	if obj == nil {
 		s.strays.remove(key)
 		return nil, apierrors.NewNotFound(uuidGVR.GroupResource(), key.Name)
 	}
-	obj := toCached(&list.Items[i])
 	if obj.hasUUID() {
 		s.strays.remove(key)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -29,7 +28,7 @@ const selectableField = "status.uuid"
 // its own: the controller reads objects by key, and the namespace index a
 // shared informer factory adds costs memory for every object (attach adds
 // the kopf index, which costs only for the objects it holds).
-func newInformer(dyn dynamic.Interface, namespace string, resync time.Duration, narrowed bool,
+func newInformer(dyn informerClient, namespace string, resync time.Duration, narrowed bool,
 	observe func(context.Context, error)) informers.GenericInformer {
 	var tweak dynamicinformer.TweakListOptionsFunc
 	if narrowed {

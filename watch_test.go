@@ -251,7 +251,7 @@ func TestWatchServesWhileOneNamespaceForbidden(t *testing.T) {
 // informersOver is watch's newInformer over client, with no resync.
 func informersOver(client *dynamicfake.FakeDynamicClient) func(string, bool, func(context.Context, error)) informers.GenericInformer {
 	return func(ns string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer {
-		return newInformer(client, ns, 0, narrowed, observe)
+		return newInformer(informerClient{Interface: client, list: dynamicLister(client)}, ns, 0, narrowed, observe)
 	}
 }
 

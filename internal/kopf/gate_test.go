@@ -60,7 +60,7 @@ func newGateFixture(t *testing.T, obj *unstructured.Unstructured, probe func(ctx
 		t.Fatal(err)
 	}
 	m, err := New(Config{
-		Remove: true, Client: client.Resource(testGVR), Resource: testGVR.GroupResource(), FieldManager: "test",
+		Remove: true, Patch: DynamicPatcher(client.Resource(testGVR)), Resource: testGVR.GroupResource(), FieldManager: "test",
 		Any:     func() Object { return obj },
 		Event:   func(runtime.Object, string, string, string) {},
 		Metrics: prometheus.NewRegistry(),

@@ -5,6 +5,7 @@
 package kopf
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 )
 
 // Finalizer is the finalizer kopf 1.36 puts on every object it handles.
@@ -68,4 +71,13 @@ func IsFailedPatchTest(err error) bool {
 	}
 	d := status.Status().Details
 	return d == nil || (d.Name == "" && d.Kind == "" && len(d.Causes) == 0)
+}
+
+// DynamicPatcher is a Patcher over a dynamic client, which decodes the
+// object a successful patch answers with: for tests, over a fake client.
+func DynamicPatcher(client dynamic.NamespaceableResourceInterface) Patcher {
+	return func(ctx context.Context, namespace, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions) error {
+		_, err := client.Namespace(namespace).Patch(ctx, name, pt, data, opts)
+		return err
+	}
 }

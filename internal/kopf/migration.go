@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
 )
 
@@ -25,6 +24,12 @@ const (
 	// retried (Warning).
 	ReasonFinalizerFailed = "KopfFinalizerRemovalFailed"
 )
+
+// Patcher sends a patch to the object namespace/name. It returns only
+// the error: the object a successful patch answers with may be as large
+// as the apiserver allows, and nothing here reads it, so the controller's
+// Patcher does not decode or even hold it.
+type Patcher func(ctx context.Context, namespace, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions) error
 
 // Object is what the migration handles: an object of the cache, which
 // Events can name.
@@ -56,8 +61,8 @@ type Config struct {
 	// Remove is --remove-kopf-finalizer: remove kopf's finalizer from
 	// objects being deleted. Without it Release only logs the fix.
 	Remove bool
-	// Client patches the objects.
-	Client dynamic.NamespaceableResourceInterface
+	// Patch patches the objects.
+	Patch Patcher
 	// Resource names the objects in a Conflict error.
 	Resource schema.GroupResource
 	// FieldManager names the controller's writes.
@@ -76,8 +81,8 @@ type Config struct {
 	// kopf_finalizers_removed_total, kopf_policy_bound and
 	// kopf_finalizer_waiting_objects (the caller adds its prefix).
 	Metrics prometheus.Registerer
-	// Probe proves the admission policy on one object; nil for Probe on
-	// Client. A field so tests can stand in for the apiserver's admission.
+	// Probe proves the admission policy on one object; nil for Probe with
+	// Patch. A field so tests can stand in for the apiserver's admission.
 	Probe func(ctx context.Context, namespace, name string) error
 }
 
@@ -115,7 +120,7 @@ func New(cfg Config) (Migration, error) {
 	probe := cfg.Probe
 	if probe == nil {
 		probe = func(ctx context.Context, namespace, name string) error {
-			return Probe(ctx, cfg.Client.Namespace(namespace), name, cfg.FieldManager)
+			return Probe(ctx, cfg.Patch, namespace, name, cfg.FieldManager)
 		}
 	}
 	return &remover{cfg: cfg, removed: removed, policy: newPolicyGate(probe, bound)}, nil
@@ -159,7 +164,7 @@ func (m *remover) Release(ctx context.Context, obj Object) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.cfg.Client.Namespace(obj.GetNamespace()).Patch(ctx, obj.GetName(), types.JSONPatchType, patch,
+	err = m.cfg.Patch(ctx, obj.GetNamespace(), obj.GetName(), types.JSONPatchType, patch,
 		metav1.PatchOptions{FieldManager: m.cfg.FieldManager})
 	switch {
 	case err == nil:

@@ -9,7 +9,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 )
 
 // PolicyName is the ValidatingAdmissionPolicy (deploy/kopf-migration/
@@ -33,9 +32,8 @@ const ProbeLabel = "uuid-controller.demo.operator/admission-probe"
 // naming PolicyName, ErrPolicyMissing when it was allowed, and any other
 // answer (no RBAC grant, the object gone, no apiserver) wrapped, proving
 // nothing either way.
-func Probe(ctx context.Context, client dynamic.ResourceInterface, name, fieldManager string) error {
-	patch := []byte(`{"metadata":{"labels":{"` + ProbeLabel + `":"dry-run"}}}`)
-	_, err := client.Patch(ctx, name, types.MergePatchType, patch,
+func Probe(ctx context.Context, patch Patcher, namespace, name, fieldManager string) error {
+	err := patch(ctx, namespace, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"`+ProbeLabel+`":"dry-run"}}}`),
 		metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: fieldManager})
 	switch {
 	case err == nil:

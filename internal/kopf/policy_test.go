@@ -50,7 +50,7 @@ func TestProbe(t *testing.T) {
 				sent = a.(k8stesting.PatchActionImpl)
 				return true, obj, tc.apiErr
 			})
-			err := Probe(t.Context(), client.Resource(gvr).Namespace("ns"), "x", "test")
+			err := Probe(t.Context(), DynamicPatcher(client.Resource(gvr)), "ns", "x", "test")
 			if !tc.wantErr(err) {
 				t.Errorf("Probe = %v", err)
 			}

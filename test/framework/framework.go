@@ -102,14 +102,27 @@ func (c Clients) CreateUuids(ctx context.Context, t *testing.T, ns, prefix strin
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
+	Each(t, names, createWorkers, func(name string) error {
+		if _, err := c.Uuids(ns).Create(ctx, NewUuid(name), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create %s/%s: %w", ns, name, err)
+		}
+		return nil
+	})
+	return names
+}
+
+// Each calls f with each of names, up to workers at a time, and fails the
+// test with f's errors.
+func Each(t *testing.T, names []string, workers int, f func(name string) error) {
+	t.Helper()
 	work := make(chan string)
-	errs := make(chan error, n)
+	errs := make(chan error, len(names))
 	var wg sync.WaitGroup
-	for range min(n, createWorkers) {
+	for range min(len(names), workers) {
 		wg.Go(func() {
 			for name := range work {
-				if _, err := c.Uuids(ns).Create(ctx, NewUuid(name), metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create %s/%s: %w", ns, name, err)
+				if err := f(name); err != nil {
+					errs <- err
 				}
 			}
 		})
@@ -123,7 +136,6 @@ func (c Clients) CreateUuids(ctx context.Context, t *testing.T, ns, prefix strin
 	for err := range errs {
 		t.Fatal(err)
 	}
-	return names
 }
 
 // Status reads an object's status.state and status.uuid from the API.
