@@ -397,4 +397,3 @@ func TestTokenHashIsKeyed(t *testing.T) {
 		t.Error("the key is the token's plain SHA-256")
 	}
 }
-

@@ -25,9 +25,11 @@ type turns struct {
 	mu     sync.Mutex
 	budget *rate.Limiter
 	addrs  map[string]*turn
-	recent list.List // of *turn, the least recently asking at the front
-	max    int
-	ttl    time.Duration
+	// waiting holds the turns that wait for a review.
+	waiting map[*turn]struct{}
+	recent  list.List // of *turn, the least recently asking at the front
+	max     int
+	ttl     time.Duration
 	// seq numbers the services and the starts of waits, in order.
 	seq uint64
 }
@@ -45,7 +47,7 @@ type turn struct {
 }
 
 func newTurns(r rate.Limit, burst, max int, ttl time.Duration) *turns {
-	return &turns{budget: rate.NewLimiter(r, burst), addrs: map[string]*turn{}, max: max, ttl: ttl}
+	return &turns{budget: rate.NewLimiter(r, burst), addrs: map[string]*turn{}, waiting: map[*turn]struct{}{}, max: max, ttl: ttl}
 }
 
 // take is whether addr may have a new token reviewed now: whether a review
@@ -57,6 +59,7 @@ func (t *turns) take(addr string, now time.Time) bool {
 	if !a.kept && a.waiting == 0 {
 		t.seq++
 		a.waiting = t.seq
+		t.waiting[a] = struct{}{}
 	}
 	t.handOut(now)
 	if !a.kept {
@@ -76,17 +79,15 @@ func (t *turns) handOut(now time.Time) {
 		}
 		t.seq++
 		next.kept, next.served, next.waiting = true, t.seq, 0
+		delete(t.waiting, next)
 	}
 }
 
 // next is the waiting address served longest ago, nil if none waits. It
-// looks at every address, at most max, once per review handed out.
+// looks at every waiting address, at most max, once per review handed out.
 func (t *turns) next() *turn {
 	var best *turn
-	for _, a := range t.addrs {
-		if a.waiting == 0 {
-			continue
-		}
+	for a := range t.waiting {
 		if best == nil || a.served < best.served || (a.served == best.served && a.waiting < best.waiting) {
 			best = a
 		}
@@ -116,7 +117,9 @@ func (t *turns) remember(addr string, now time.Time) *turn {
 }
 
 func (t *turns) forget(e *list.Element) {
-	delete(t.addrs, t.recent.Remove(e).(*turn).addr)
+	a := t.recent.Remove(e).(*turn)
+	delete(t.addrs, a.addr)
+	delete(t.waiting, a)
 }
 
 // remembered is how many addresses t remembers.

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // floodAddrs is how many addresses flood in TestDelegatedAuthShareOfReviewsPerClient.
@@ -115,20 +113,20 @@ func TestDelegatedAuthShareOfReviewsPerClient(t *testing.T) {
 // recently asking forgotten first), and forgets one ttl after its last
 // ask, whatever it was waiting for.
 func TestTurnsBounded(t *testing.T) {
-	tu := newTurns(rate.Inf, 1, 100, time.Minute)
+	tu := newTurns(0, 0, 100, time.Minute) // no review ever: every address waits
 	now := time.Unix(1000, 0)
 	for i := range 1000 {
 		tu.take(fmt.Sprintf("10.2.%d.%d", i/250, i%250), now)
 	}
-	if n, l := tu.remembered(), tu.recent.Len(); n != 100 || l != 100 {
-		t.Errorf("after 1,000 addresses asked: %d remembered (%d in the order), want 100", n, l)
+	if n, l, w := tu.remembered(), tu.recent.Len(), len(tu.waiting); n != 100 || l != 100 || w != 100 {
+		t.Errorf("after 1,000 addresses asked: %d remembered (%d in the order, %d waiting), want 100", n, l, w)
 	}
 	if _, ok := tu.addrs["10.2.3.249"]; !ok {
 		t.Error("the last address to ask was forgotten, want the least recent ones forgotten")
 	}
 	now = now.Add(time.Minute)
 	tu.take("10.3.0.1", now)
-	if n := tu.remembered(); n != 1 {
-		t.Errorf("a minute (the ttl) later: %d remembered, want only the new asker", n)
+	if n, w := tu.remembered(), len(tu.waiting); n != 1 || w != 1 {
+		t.Errorf("a minute (the ttl) later: %d remembered (%d waiting), want only the new asker", n, w)
 	}
 }
