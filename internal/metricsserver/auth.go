@@ -15,12 +15,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
-	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,22 +79,17 @@ const (
 	reviewQPS   = 20
 	reviewBurst = 40
 	// unknownReviewQPS and unknownReviewBurst limit the reviews of tokens
-	// in neither cache (a flood's made-up tokens among them); over it, a
-	// request gets 429 at once. A quarter of the client's rate, so known
-	// tokens' reviews always find room.
+	// in neither cache (a flood's made-up tokens among them). A quarter of
+	// the client's rate, so known tokens' reviews always find room.
 	unknownReviewQPS   = 5
 	unknownReviewBurst = 10
-	// clientReviewQPS and clientReviewBurst are each client address's
-	// share of that budget: one address flooding made-up tokens takes at
-	// most a fifth of its rate (the burst lets one client try a few tokens
-	// at once, as TestMetricsAuth does from one address), so another's new token (a Prometheus whose token
-	// was just rotated) still finds room. The global budget still bounds
-	// many addresses together. clientLimiters holds the shares of the
-	// addresses seen in the last clientLimiterTTL, at most this many.
-	clientReviewQPS   = 1
-	clientReviewBurst = 5
-	clientLimiters    = 4096
-	clientLimiterTTL  = time.Minute
+	// The budget goes to the client addresses asking in turns (turns.go):
+	// a request whose address has no review kept for it gets 429 at once.
+	// turnAddrs addresses are remembered, each for turnTTL after its last
+	// ask: longer than a scrape interval, so a scraper refused keeps its
+	// place until its next scrape.
+	turnAddrs = 4096
+	turnTTL   = 10 * time.Minute
 )
 
 // Secure returns h behind delegated authentication and authorization and
@@ -153,11 +146,9 @@ type delegatedAuth struct {
 	allowed, refused *cache.LRUExpireCache
 	// flights coalesces concurrent reviews of one token, verb and path.
 	flights singleflight.Group
-	// unknown limits the reviews of tokens in neither cache; clients
-	// holds each client address's share of it (*rate.Limiter by IP).
-	unknown   *rate.Limiter
-	clients   *cache.LRUExpireCache
-	clientsMu sync.Mutex // makes getting or adding a share atomic
+	// unknown shares the reviews of tokens in neither cache between the
+	// client addresses asking.
+	unknown *turns
 	// requests counts requests by result and reason.
 	requests *prometheus.CounterVec
 	// log samples the refusals' log lines.
@@ -193,8 +184,7 @@ func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.C
 		access:   access,
 		allowed:  cache.NewLRUExpireCache(allowedCacheSize),
 		refused:  cache.NewLRUExpireCache(refusedCacheSize),
-		unknown:  rate.NewLimiter(unknownReviewQPS, unknownReviewBurst),
-		clients:  cache.NewLRUExpireCache(clientLimiters),
+		unknown:  newTurns(unknownReviewQPS, unknownReviewBurst, turnAddrs, turnTTL),
 		requests: requests,
 		log:      httpserver.NewSampled(),
 		secret:   newSecret(),
@@ -204,9 +194,9 @@ func newAuth(tokens tokenReviewer, access accessReviewer, requests *prometheus.C
 
 // wrap serves h only to callers whose bearer token the apiserver accepts
 // and whose user may get the path: 401 without a valid token, 403 without
-// the grant, 429 for a new token while the unknown-token budget is spent,
-// 503 when the apiserver cannot answer, so an outage never opens the
-// metrics. Refusals are counted, and logged at a bounded rate.
+// the grant, 429 for a new token when its address's turn for a review
+// has not come, 503 when the apiserver cannot answer, so an outage never
+// opens the metrics. Refusals are counted, and logged at a bounded rate.
 func (a *delegatedAuth) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ans, err := a.check(r)
@@ -318,23 +308,13 @@ func newSecret() []byte {
 }
 
 // allowUnknown is whether a token in neither cache may be reviewed now:
-// within the client address's share, then within the global budget.
+// whether the client address's turn has come (turns).
 func (a *delegatedAuth) allowUnknown(r *http.Request) bool {
 	ip := r.RemoteAddr
 	if host, _, err := net.SplitHostPort(ip); err == nil {
 		ip = host
 	}
-	var limiter *rate.Limiter
-	a.clientsMu.Lock()
-	if v, ok := a.clients.Get(ip); ok {
-		limiter = v.(*rate.Limiter)
-	} else {
-		limiter = rate.NewLimiter(clientReviewQPS, clientReviewBurst)
-	}
-	a.clients.Add(ip, limiter, clientLimiterTTL)
-	a.clientsMu.Unlock()
-	now := a.now()
-	return limiter.AllowN(now, 1) && a.unknown.AllowN(now, 1)
+	return a.unknown.take(ip, a.now())
 }
 
 // tokenHash is the HMAC-SHA256 of token under a's secret.
