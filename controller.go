@@ -17,6 +17,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -120,6 +121,12 @@ type Deps struct {
 	Metrics *Metrics
 	// CRD holds writes back while the CRD is known to be wrong.
 	CRD crdGate
+	// Metadata watches the objects' metadata for deletions kopf's
+	// finalizer holds, without --remove-kopf-finalizer (internal/kopf);
+	// nil watches nothing (unit tests).
+	Metadata metadata.Interface
+	// Namespaces are the namespaces watched (nil: all).
+	Namespaces []string
 	// KopfProbe stands in for the dry run that proves the kopf migration's
 	// admission policy (kopf.Config.Probe); nil but in unit tests.
 	KopfProbe func(ctx context.Context, namespace, name string) error
@@ -159,6 +166,7 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 		Any:   c.anyCached,
 		Held:  func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
 		Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
+		Metadata: d.Metadata, GVR: uuidGVR, Namespaces: d.Namespaces,
 	})
 	if err != nil {
 		return nil, err
@@ -196,7 +204,8 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 // namespaces (nil for all) are what a sweep lists.
 func (c *Controller) useWatch(w *watch, namespaces []string) {
 	c.store, c.synced = w, w.Servable
-	c.sweeps.namespaces, c.sweeps.narrowed, c.sweeps.onKopfFinalizer = namespaces, w.Narrowed, w.keepFull
+	c.sweeps.namespaces, c.sweeps.narrowed = namespaces, w.Narrowed
+	c.sweeps.onKopfHeld = func(ctx context.Context, obj kopf.Object) { _ = c.kopf.Release(ctx, obj) }
 	w.onNarrowed = c.sweeps.request
 }
 
@@ -240,11 +249,6 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	if c.sampled.Load() == nil {
 		key := cache.MetaObjectToName(u)
 		c.sampled.Store(&key)
-	}
-	if u.carriesKopfFinalizer() {
-		// The narrowed watch loses the object once it has a UUID, and
-		// kopf's finalizer would then hold its deletion unseen.
-		c.sweeps.onKopfFinalizer()
 	}
 	if needsWork(u) {
 		c.queue.Add(cache.MetaObjectToName(u))
@@ -386,7 +390,16 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		logger.V(4).Info("The cache does not show this controller's UUID write yet, nothing to do")
 		return nil
 	case !obj.hasUUID():
-		return c.assignUUID(ctx, obj)
+		if err := c.assignUUID(ctx, obj); err != nil {
+			return err
+		}
+		if kopf.FinalizerIndex(obj) >= 0 && !c.opts.RemoveKopfFinalizer {
+			// Named now: with its UUID it leaves a narrowed watch, and
+			// only a sweep would find it again. (With the flag the full
+			// watch brings it back to be released.)
+			return c.kopf.Release(ctx, obj)
+		}
+		return nil
 	case kopf.FinalizerIndex(obj) >= 0:
 		// Released with --remove-kopf-finalizer, else reported with the fix.
 		if err := c.kopf.Release(ctx, obj); err != nil {

@@ -76,14 +76,20 @@ func TestNeedsWork(t *testing.T) {
 }
 
 // Without the opt-in, an object held by kopf's finalizer is logged with the
-// fix and where it is explained, at -v=0, and nothing is written to it.
+// fix and where it is explained, at -v=0, once however often it is synced
+// (every resync under a full watch), and nothing is written to it.
 func TestKopfHeldObjectLogsTheFixWithoutOptIn(t *testing.T) {
 	f := newFixture(t, Options{}, kopfObject("stuck", true))
 	logger, logs := testlog.New(t, 0)
-	if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "stuck")); err != nil {
-		t.Fatal(err)
+	for range 3 {
+		if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "stuck")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := logs.String()
+	if n := strings.Count(out, "waits for kopf's finalizer"); n != 1 {
+		t.Errorf("%d lines for one held object synced 3 times, want 1:\n%s", n, out)
+	}
 	if !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, "default/stuck") {
 		t.Errorf("log does not name the object and the flag:\n%s", out)
 	}

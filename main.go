@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -142,7 +143,10 @@ type clients struct {
 	// straight into its cache entry (decode.go).
 	informerDyn dynamic.Interface
 	kube        kubernetes.Interface
-	disc        discovery.DiscoveryInterfaceWithContext
+	// meta reads objects' metadata only: the kopf report's watch and the
+	// CRD's uid and generation (sweeprecord.go).
+	meta metadata.Interface
+	disc discovery.DiscoveryInterfaceWithContext
 	// status is the status transport: restPatcher, which does not decode
 	// the object the apiserver returns (status.go).
 	status statusPatcher
@@ -165,6 +169,9 @@ func newClients(cfg *config) (*clients, error) {
 	}
 	if c.kube, err = kubernetes.NewForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building clientset: %w", err)
+	}
+	if c.meta, err = metadata.NewForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building metadata client: %w", err)
 	}
 	if c.disc, err = discovery.NewDiscoveryClientForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building discovery client: %w", err)
@@ -207,7 +214,7 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed, observe)
 	}
 	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false, ignoreAccess), Status: c.status,
-		Recorder: recorder, Metrics: metrics, CRD: crd}, cfg.opts)
+		Recorder: recorder, Metrics: metrics, CRD: crd, Metadata: c.meta, Namespaces: cfg.namespaces}, cfg.opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -35,10 +35,14 @@ type sweeper struct {
 	narrowed func() bool
 	// enqueue queues a key for the workers.
 	enqueue func(cache.ObjectName)
-	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
-	// object (watch.keepFull).
-	onKopfFinalizer func()
-	metrics         *Metrics
+	// onKopfHeld runs for each object a sweep finds being deleted and held
+	// by kopf's finalizer (the kopf migration's Release, which without
+	// --remove-kopf-finalizer names it once); ctx's logger names the
+	// object. It changes nothing about the watch: a narrowed watch cannot
+	// see such an object, and the sweep, which lists every object anyway,
+	// is what finds it.
+	onKopfHeld func(ctx context.Context, obj kopf.Object)
+	metrics    *Metrics
 	// strays are the invalid objects found, until each has a UUID.
 	strays strays
 	// requests asks the leader for a sweep.
@@ -47,13 +51,13 @@ type sweeper struct {
 
 func newSweeper(client dynamic.NamespaceableResourceInterface, enqueue func(cache.ObjectName), metrics *Metrics) *sweeper {
 	return &sweeper{
-		client:          client,
-		narrowed:        func() bool { return false },
-		enqueue:         enqueue,
-		onKopfFinalizer: func() {},
-		metrics:         metrics,
-		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
-		requests:        make(chan struct{}, 1),
+		client:     client,
+		narrowed:   func() bool { return false },
+		enqueue:    enqueue,
+		onKopfHeld: func(context.Context, kopf.Object) {},
+		metrics:    metrics,
+		strays:     strays{keys: map[cache.ObjectName]struct{}{}},
+		requests:   make(chan struct{}, 1),
 	}
 }
 
@@ -124,22 +128,22 @@ func (s *sweeper) run(ctx context.Context) {
 		s.metrics.SweepInvalid.Set(float64(n.found))
 		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
 		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
-			"expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
+			"kopfFinalizer", n.kopf, "kopfHeld", n.kopfHeld, "expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
 
 // sweepCounts are what one sweep saw: objects found invalid, objects
-// listed, continue tokens that expired on the way, and whether an object
-// carrying kopf's finalizer was seen.
+// listed, continue tokens that expired on the way, objects carrying kopf's
+// finalizer, and those of them being deleted.
 type sweepCounts struct {
 	found, listed, expired int
-	kopfSeen               bool
+	kopf, kopfHeld         int
 }
 
 // sweep pages through every object in each of s.namespaces (all when
 // none), sweepPageSize at a time, and queues those whose status.uuid is
-// set but is not a UUID. The first object carrying kopf's finalizer calls
-// onKopfFinalizer. A namespace whose list fails does not stop the others.
+// set but is not a UUID. Each object held in deletion by kopf's finalizer
+// goes to onKopfHeld. A namespace whose list fails does not stop the others.
 func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 	namespaces := s.namespaces
 	if len(namespaces) == 0 {
@@ -180,7 +184,7 @@ func (s *sweeper) sweepNamespace(ctx context.Context, ns string, n *sweepCounts)
 			return fmt.Errorf("listing %s in namespace %s (%d listed): %w", uuidGVR.GroupResource(), ns, n.listed, err)
 		}
 		for i := range list.Items {
-			s.check(&list.Items[i], n)
+			s.check(ctx, &list.Items[i], n)
 		}
 		if opts.Continue = list.GetContinue(); opts.Continue == "" {
 			return nil
@@ -198,13 +202,18 @@ func continueAfterExpiry(err error) string {
 	return status.Status().Continue
 }
 
-// check counts u into n and queues it when its status.uuid is set but is
-// not a UUID.
-func (s *sweeper) check(u *unstructured.Unstructured, n *sweepCounts) {
+// check counts u into n, queues it when its status.uuid is set but is not
+// a UUID, and hands it to onKopfHeld when kopf's finalizer holds its
+// deletion.
+func (s *sweeper) check(ctx context.Context, u *unstructured.Unstructured, n *sweepCounts) {
 	n.listed++
-	if !n.kopfSeen && slices.Contains(u.GetFinalizers(), kopf.Finalizer) {
-		n.kopfSeen = true
-		s.onKopfFinalizer()
+	if slices.Contains(u.GetFinalizers(), kopf.Finalizer) {
+		n.kopf++
+		if kopf.FinalizerIndex(u) >= 0 {
+			n.kopfHeld++
+			logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KObj(u))
+			s.onKopfHeld(klog.NewContext(ctx, logger), u)
+		}
 	}
 	if _, problem := existingUUID(u); problem != "" {
 		n.found++

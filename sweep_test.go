@@ -4,6 +4,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -13,12 +17,13 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/demo-operator/uuid-controller/internal/kopf"
+	"github.com/demo-operator/uuid-controller/internal/testlog"
 )
 
 // A sweep queues exactly the objects whose status.uuid is not a UUID, reads
 // them from the apiserver rather than the cache (a narrowed watch never
 // holds them), replaces each with one write, and forgets them once done;
-// the first object carrying kopf's finalizer keeps the full watch.
+// it counts the objects carrying kopf's finalizer.
 func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	kopfObj := withStatus(newUUIDObject("ns", "kopf", "4"), map[string]any{"uuid": testUUID})
 	kopfObj.SetFinalizers([]string{kopf.Finalizer})
@@ -37,9 +42,6 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	}
 	f := newFixtureWithClient(t, client, Options{})
 	preconditionReactor(t, client)
-	kopfCalls := 0
-	f.ctrl.sweeps.onKopfFinalizer = func() { kopfCalls++ }
-
 	n, err := f.ctrl.sweeps.sweep(f.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -47,8 +49,8 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	if n.found != 2 || n.listed != 5 {
 		t.Errorf("sweep found %d of %d listed, want 2 of 5", n.found, n.listed)
 	}
-	if kopfCalls != 1 {
-		t.Errorf("onKopfFinalizer called %d times, want once", kopfCalls)
+	if n.kopf != 1 || n.kopfHeld != 0 {
+		t.Errorf("sweep counted %d objects carrying kopf's finalizer, %d held, want 1 and 0", n.kopf, n.kopfHeld)
 	}
 	if n := f.ctrl.queue.Len(); n != 2 {
 		t.Errorf("queue holds %d keys, want the 2 invalid ones", n)
@@ -67,24 +69,42 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	}
 }
 
-// An object that arrives carrying kopf's finalizer (its UUID not yet
-// written, so a narrowed watch sees it) keeps the full watch, without a
-// sweep: once it has its UUID the narrowed watch would lose it, and its
-// deletion would hang on kopf's finalizer unseen.
-func TestKopfFinalizerSeenOnAnEvent(t *testing.T) {
-	f := newFixture(t, Options{})
-	kopfCalls := 0
-	f.ctrl.sweeps.onKopfFinalizer = func() { kopfCalls++ }
-	plain := newUUIDObject("ns", "plain", "1")
-	f.ctrl.enqueue(klog.FromContext(f.ctx), toCached(plain))
-	if kopfCalls != 0 {
-		t.Fatalf("onKopfFinalizer called for an object without kopf's finalizer")
-	}
-	held := newUUIDObject("ns", "held", "2")
+// No object decides what the controller watches: objects carrying kopf's
+// finalizer, live or held in deletion, on an event or found by sweeps,
+// leave the watch narrowed (the CRD allows it), and each held one is named
+// once at -v=0 however often it is swept.
+func TestNoObjectDecidesTheWatch(t *testing.T) {
+	held := withStatus(newUUIDObject("ns", "held", "1"), map[string]any{"uuid": testUUID})
 	held.SetFinalizers([]string{"other", kopf.Finalizer})
-	f.ctrl.enqueue(klog.FromContext(f.ctx), toCached(held))
-	if kopfCalls != 1 {
-		t.Errorf("onKopfFinalizer called %d times for an object carrying kopf's finalizer, want once", kopfCalls)
+	held.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	pending := newUUIDObject("ns", "pending", "2")
+	pending.SetFinalizers([]string{kopf.Finalizer})
+	client := newClient(t, held, pending)
+	f := newFixtureWithClient(t, client, Options{})
+	w := newWatch(nil, informersOver(client), f.ctrl.attach, func() (bool, bool) { return true, true }, false,
+		prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"}))
+	f.ctrl.useWatch(w, nil)
+	logger, logs := testlog.New(t, 0)
+	ctx := klog.NewContext(f.ctx, logger)
+	f.ctrl.enqueue(logger, toCached(pending))
+	f.ctrl.enqueue(logger, toCached(held))
+	for range 2 {
+		n, err := f.ctrl.sweeps.sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.kopf != 2 || n.kopfHeld != 1 {
+			t.Errorf("sweep counted %d objects carrying kopf's finalizer, %d held, want 2 and 1", n.kopf, n.kopfHeld)
+		}
+	}
+	if narrowed, known := w.want(); !narrowed || !known {
+		t.Errorf("watch wants narrowed %v (known %v) after objects carrying kopf's finalizer were seen, want the narrowed watch the CRD allows", narrowed, known)
+	}
+	if got := strings.Count(logs.String(), "waits for kopf's finalizer"); got != 1 {
+		t.Errorf("%d lines name the held object after two sweeps, want 1:\n%s", got, logs)
+	}
+	if !strings.Contains(logs.String(), "ns/held") {
+		t.Errorf("the line does not name ns/held:\n%s", logs)
 	}
 }
 
