@@ -224,6 +224,9 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 		return nil, nil, nil, fmt.Errorf("registering the watch's metric: %w", err)
 	}
 	ctrl.useWatch(w, cfg.namespaces)
+	if cfg.leaderElect {
+		ctrl.sweeps.record = leaseRecord{kube: c.kube, meta: c.meta, namespace: cfg.leader.Namespace, name: cfg.leader.Name}
+	}
 	return ctrl, w, crd, nil
 }
 

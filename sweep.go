@@ -43,6 +43,9 @@ type sweeper struct {
 	// is what finds it.
 	onKopfHeld func(ctx context.Context, obj kopf.Object)
 	metrics    *Metrics
+	// record keeps the CRD of the last clean sweep (sweeprecord.go); nil
+	// sweeps at every request (no leader election: no Lease to keep it).
+	record sweepRecord
 	// strays are the invalid objects found, until each has a UUID.
 	strays strays
 	// requests asks the leader for a sweep.
@@ -100,7 +103,8 @@ func (s *sweeper) request() {
 }
 
 // run runs a sweep for each request while ctx lasts, only while the
-// narrowed informer is in use.
+// narrowed informer is in use, and unless a clean sweep is recorded under
+// the CRD served now (skip).
 func (s *sweeper) run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for {
@@ -110,6 +114,13 @@ func (s *sweeper) run(ctx context.Context) {
 		case <-s.requests:
 		}
 		if !s.narrowed() {
+			continue
+		}
+		crd, skip := s.skip(ctx)
+		if skip {
+			s.metrics.Sweeps.WithLabelValues("skipped").Inc()
+			logger.Info("Not sweeping: a sweep found every status.uuid valid under the CRD served now, whose pattern refuses any other value",
+				"crd", crd)
 			continue
 		}
 		start := time.Now()
@@ -129,7 +140,35 @@ func (s *sweeper) run(ctx context.Context) {
 		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
 		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
 			"kopfFinalizer", n.kopf, "kopfHeld", n.kopfHeld, "expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
+		if n.found == 0 && crd != "" {
+			if err := s.record.Record(ctx, crd); err != nil {
+				logger.Error(err, "Could not record the clean sweep; the next leader sweeps again")
+			}
+		}
 	}
+}
+
+// skip tells whether a sweep can be skipped: a clean one is recorded under
+// the CRD served now. crd is that CRD ("" when unknown: no record kept,
+// or the CRD or the record unreadable, which is said, and swept over).
+// A sweep that found invalid values is not recorded: the next leader
+// sweeps again, and records it once they have been replaced.
+func (s *sweeper) skip(ctx context.Context) (crd string, skip bool) {
+	if s.record == nil {
+		return "", false
+	}
+	logger := klog.FromContext(ctx)
+	crd, err := s.record.CRD(ctx)
+	if err != nil {
+		logger.Info("Sweeping: could not read the CRD to tell whether a clean sweep is recorded under it", "err", err)
+		return "", false
+	}
+	recorded, err := s.record.Recorded(ctx)
+	if err != nil {
+		logger.Info("Sweeping: could not read the record of the last clean sweep", "err", err)
+		return crd, false
+	}
+	return crd, recorded == crd
 }
 
 // sweepCounts are what one sweep saw: objects found invalid, objects
