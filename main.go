@@ -143,8 +143,7 @@ type clients struct {
 	// straight into its cache entry (decode.go).
 	informerDyn dynamic.Interface
 	kube        kubernetes.Interface
-	// meta reads objects' metadata only: the kopf report's watch and the
-	// CRD's uid and generation (sweeprecord.go).
+	// meta reads objects' metadata only: the kopf report's watch.
 	meta metadata.Interface
 	disc discovery.DiscoveryInterfaceWithContext
 	// status is the status transport: restPatcher, which does not decode
@@ -225,7 +224,7 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 	}
 	ctrl.useWatch(w, cfg.namespaces)
 	if cfg.leaderElect {
-		ctrl.sweeps.record = leaseRecord{kube: c.kube, meta: c.meta, namespace: cfg.leader.Namespace, name: cfg.leader.Name}
+		ctrl.sweeps.record = leaseRecord{kube: c.kube, dyn: c.dyn, namespace: cfg.leader.Namespace, name: cfg.leader.Name}
 	}
 	return ctrl, w, crd, nil
 }

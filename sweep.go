@@ -135,16 +135,16 @@ func (s *sweeper) run(ctx context.Context) {
 			time.AfterFunc(time.Minute, s.request)
 			continue
 		}
-		s.metrics.Sweeps.WithLabelValues("ok").Inc()
-		s.metrics.SweepInvalid.Set(float64(n.found))
-		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
-		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
-			"kopfFinalizer", n.kopf, "kopfHeld", n.kopfHeld, "expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
 		if n.found == 0 && crd != "" {
 			if err := s.record.Record(ctx, crd); err != nil {
 				logger.Error(err, "Could not record the clean sweep; the next leader sweeps again")
 			}
 		}
+		s.metrics.Sweeps.WithLabelValues("ok").Inc()
+		s.metrics.SweepInvalid.Set(float64(n.found))
+		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
+		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
+			"kopfFinalizer", n.kopf, "kopfHeld", n.kopfHeld, "expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
 

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 	"github.com/demo-operator/uuid-controller/internal/testlog"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // A sweep queues exactly the objects whose status.uuid is not a UUID, reads
@@ -198,5 +202,102 @@ func TestSweepGoesOnAfterExpiredToken(t *testing.T) {
 				t.Errorf("sweep error %v, want one containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// fakeRecord is a sweepRecord in memory.
+type fakeRecord struct {
+	mu            sync.Mutex
+	crd, recorded string
+	crdErr        error
+}
+
+func (r *fakeRecord) CRD(context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crd, r.crdErr
+}
+
+func (r *fakeRecord) Recorded(context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recorded, nil
+}
+
+func (r *fakeRecord) get() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recorded
+}
+
+func (r *fakeRecord) Record(_ context.Context, crd string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recorded = crd
+	return nil
+}
+
+// TestSweepSkippedUnderRecordedCRD: a sweep that finds every status.uuid
+// valid is recorded with the CRD read before it; a request under that CRD
+// sweeps nothing; under a changed CRD, or with the CRD unreadable, it
+// sweeps; a sweep that found an invalid value is not recorded.
+func TestSweepSkippedUnderRecordedCRD(t *testing.T) {
+	client := newClient(t, withStatus(newUUIDObject("ns", "done", "1"), map[string]any{"uuid": testUUID}))
+	f := newFixtureWithClient(t, client, Options{})
+	rec := &fakeRecord{crd: "uid-1/1"}
+	s := f.ctrl.sweeps
+	s.narrowed, s.record = func() bool { return true }, rec
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	lists := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "list" {
+				n++
+			}
+		}
+		return n
+	}
+	// step requests a sweep and waits until its result is counted.
+	step := func(what string, wantLists int, result string) {
+		t.Helper()
+		before := testutil.ToFloat64(f.metrics.Sweeps.WithLabelValues(result))
+		s.request()
+		if err := framework.PollTrue(ctx, 5*time.Second, what, func() bool {
+			return testutil.ToFloat64(f.metrics.Sweeps.WithLabelValues(result)) == before+1
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := lists(); got != wantLists {
+			t.Errorf("%s: %d lists in all, want %d", what, got, wantLists)
+		}
+	}
+	step("the first sweep", 1, "ok")
+	if got := rec.get(); got != "uid-1/1" {
+		t.Fatalf("recorded %q after a clean sweep, want the CRD read before it", got)
+	}
+	step("a request under the recorded CRD", 1, "skipped")
+	rec.mu.Lock()
+	rec.crd = "uid-1/2"
+	rec.mu.Unlock()
+	step("a request under a changed CRD", 2, "ok")
+	step("a request under the new recorded CRD", 2, "skipped")
+	rec.mu.Lock()
+	rec.crdErr = errors.New("forbidden")
+	rec.mu.Unlock()
+	step("a request with the CRD unreadable", 3, "ok")
+
+	stray := withStatus(newUUIDObject("ns", "stray", "2"), map[string]any{"uuid": "NA"})
+	if err := client.Tracker().Create(uuidGVR, stray, "ns"); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	rec.crd, rec.crdErr = "uid-2/1", nil
+	rec.mu.Unlock()
+	step("a sweep finding a stray", 4, "ok")
+	if got := rec.get(); got != "uid-1/2" {
+		t.Errorf("recorded %q after a sweep that found a stray, want the earlier record kept", got)
 	}
 }

@@ -6,9 +6,10 @@ import (
 	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -35,21 +36,47 @@ type sweepRecord interface {
 	Record(ctx context.Context, crd string) error
 }
 
+// uuidPattern is crd.yaml's pattern on status.uuid: a CRD that declares
+// it refuses any other value on every write.
+const uuidPattern = `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`
+
 // leaseRecord keeps the record as an annotation of the leader's Lease,
-// which the controller may get and update already, and reads the CRD's
-// metadata (a get on the one CRD, deploy/rbac.yaml).
+// which the controller may get and update already, and reads the CRD (a
+// get on the one CRD, deploy/rbac.yaml).
 type leaseRecord struct {
 	kube            kubernetes.Interface
-	meta            metadata.Interface
+	dyn             dynamic.Interface
 	namespace, name string
 }
 
+// CRD is the served CRD's uid and generation; an error when it cannot be
+// read, or does not refuse a status.uuid that is not a UUID (the article's
+// CRD, a relaxed one): then no sweep may be skipped, since such a value
+// may be written at any time.
 func (l leaseRecord) CRD(ctx context.Context) (string, error) {
-	m, err := l.meta.Resource(crdGVR).Get(ctx, crdName, metav1.GetOptions{})
+	crd, err := l.dyn.Resource(crdGVR).Get(ctx, crdName, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("reading CustomResourceDefinition %s: %w", crdName, err)
 	}
-	return string(m.UID) + "/" + strconv.FormatInt(m.Generation, 10), nil
+	if p := servedUUIDPattern(crd); p != uuidPattern {
+		return "", fmt.Errorf("CustomResourceDefinition %s does not refuse a status.uuid that is not a UUID (pattern %q, want crd.yaml's)", crdName, p)
+	}
+	return string(crd.GetUID()) + "/" + strconv.FormatInt(crd.GetGeneration(), 10), nil
+}
+
+// servedUUIDPattern is the pattern crd's served version puts on
+// status.uuid, "" for none.
+func servedUUIDPattern(crd *unstructured.Unstructured) string {
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		m, ok := v.(map[string]any)
+		if !ok || m["name"] != uuidGVR.Version {
+			continue
+		}
+		p, _, _ := unstructured.NestedString(m, "schema", "openAPIV3Schema", "properties", "status", "properties", "uuid", "pattern")
+		return p
+	}
+	return ""
 }
 
 func (l leaseRecord) Recorded(ctx context.Context) (string, error) {
