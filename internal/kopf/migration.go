@@ -115,10 +115,10 @@ func New(cfg Config) (Migration, error) {
 		if err != nil {
 			return math.NaN() // the index is missing: unknown, not zero
 		}
-		if !cfg.Remove {
-			return float64(rep.countWith(objs))
+		if cfg.Remove {
+			return float64(len(objs))
 		}
-		return float64(len(objs))
+		return float64(rep.countWith(objs))
 	})
 	for _, c := range []prometheus.Collector{removed, bound, waiting} {
 		if err := cfg.Metrics.Register(c); err != nil {
