@@ -69,6 +69,10 @@ type Controller struct {
 	// cache shows the write, it still holds that version, and writing
 	// again would only earn a 409 (see alreadyWritten).
 	written *utilcache.LRUExpireCache
+	// drops maps the key of each object dropped in the last dropMemory
+	// (a request the apiserver rejected) to the error's text, so a drop
+	// repeated by resyncs is logged at -v=0 once (firstDrop).
+	drops *utilcache.LRUExpireCache
 }
 
 // ownWriteTTL bounds how long a write is remembered: far longer than a
@@ -78,6 +82,10 @@ const (
 	ownWriteTTL = time.Minute
 	ownWriteMax = 16384
 )
+
+// dropMemory is how long a drop is remembered (at most ownWriteMax of
+// them): a drop repeated by the resyncs of a day costs one line.
+const dropMemory = 24 * time.Hour
 
 // objectStore is what the controller reads of an informer's cache.
 type objectStore interface {
@@ -153,6 +161,7 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 		opts:       opts,
 		crd:        d.CRD,
 		written:    utilcache.NewLRUExpireCache(ownWriteMax),
+		drops:      utilcache.NewLRUExpireCache(ownWriteMax),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
@@ -541,9 +550,16 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.queue.Forget(key)
 		c.sweeps.strays.remove(key)
 		c.metrics.Dropped.Inc()
-		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
-			"object", ref, "attempts", attempts)
-		c.markFailed(ctx, key, err)
+		// A resync brings a dropped object back (it still needs work) and
+		// drops it again: said at -v=0 once per object and error.
+		first := c.firstDrop(key, err)
+		if first {
+			utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
+				"object", ref, "attempts", attempts)
+		} else {
+			logger.V(2).Info("Dropping object again: the apiserver rejected the request", "object", ref, "err", err)
+		}
+		c.markFailed(ctx, key, err, first)
 	default:
 		// Exactly at the ErrorAfter-th attempt, so a streak is reported
 		// once with no record of it: the count is the queue's, which Forget
@@ -571,7 +587,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 			logger.V(2).Info("Failed to assign UUID again, will retry", "object", ref, "attempt", attempts, "err", err)
 		}
 		if report {
-			c.markFailed(ctx, key, err)
+			c.markFailed(ctx, key, err, true)
 		}
 		c.queue.AddRateLimited(key)
 	}
@@ -604,10 +620,24 @@ func isPermanent(err error) bool {
 		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
+// firstDrop tells whether key is dropped with err for the first time in
+// dropMemory (and remembers it): a drop that repeats, at each resync of an
+// object nothing changed, is logged at -v=2 only.
+func (c *Controller) firstDrop(key cache.ObjectName, err error) bool {
+	msg := err.Error()
+	if prev, ok := c.drops.Get(key); ok && prev == msg {
+		return false
+	}
+	c.drops.Add(key, msg, dropMemory)
+	return true
+}
+
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
 // assignment, so it can never hide a UUID another writer just assigned.
-func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
+// Its own failure is logged at -v=0 when loud, else at -v=2 (a drop that
+// repeats).
+func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error, loud bool) {
 	logger := klog.FromContext(ctx)
 	// The attempt's own deadline may be what just failed it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
@@ -625,6 +655,10 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 		return // already says so; writing again would only wake the informer
 	}
 	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {
-		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+		if loud {
+			logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+		} else {
+			logger.V(2).Info("Failed to record the error in status again", "object", klog.KObj(obj), "err", err)
+		}
 	}
 }
