@@ -199,6 +199,25 @@ func TestTerminatingKopfObjectWithoutUUIDGetsOneFirst(t *testing.T) {
 	}
 }
 
+// Without the opt-in, a terminating kopf object without a UUID is named
+// when it gets its UUID: it then leaves a narrowed watch, which would not
+// bring it back to be named.
+func TestTerminatingKopfObjectNamedWhenAssignedWithoutOptIn(t *testing.T) {
+	obj := kopfObject("failed", true)
+	obj.Object["status"] = map[string]any{"state": "Erreur", "message": "boom", "uuid": "NA"}
+	f := newFixture(t, Options{}, obj)
+	logger, logs := testlog.New(t, 0)
+	if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "failed")); err != nil {
+		t.Fatal(err)
+	}
+	if ps := f.patches(); len(ps) != 1 || ps[0].GetSubresource() != "status" {
+		t.Fatalf("patches = %v, want one status write", ps)
+	}
+	if n := strings.Count(logs.String(), "waits for kopf's finalizer"); n != 1 || !strings.Contains(logs.String(), "default/failed") {
+		t.Errorf("%d lines naming default/failed as held, want 1:\n%s", n, logs)
+	}
+}
+
 // Live objects keep kopf's finalizer even with the opt-in: a running kopf
 // would put it back, and a rolled-back one needs it.
 func TestLiveKopfObjectsAreLeftAlone(t *testing.T) {
