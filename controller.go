@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/inflight"
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
@@ -73,6 +75,9 @@ type Controller struct {
 	// (a request the apiserver rejected) to the error's text, so a drop
 	// repeated by resyncs is logged at -v=0 once (firstDrop).
 	drops *utilcache.LRUExpireCache
+	// inFlight bounds the syncs at once, between minInFlight and Run's
+	// workers, moving with the apiserver's answers (internal/inflight).
+	inFlight atomic.Pointer[inflight.Limiter]
 }
 
 // ownWriteTTL bounds how long a write is remembered: far longer than a
@@ -122,6 +127,9 @@ type Deps struct {
 	// Status sends status writes: main's is restPatcher over
 	// newStatusClient, unit tests' dynamicPatcher over a fake client.
 	Status statusPatcher
+	// InFlight bounds the syncs at once (main's sees the status client's
+	// 429s); nil: Run makes one from its workers.
+	InFlight *inflight.Limiter
 	// Recorder posts Events on the objects.
 	Recorder record.EventRecorder
 	// Metrics are the controller's own; other packages register theirs
@@ -168,6 +176,31 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 		),
 	}
 	c.syncHandler = c.syncUUID
+	c.inFlight.Store(d.InFlight)
+	if err := d.Metrics.Registerer().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "syncs_in_flight_limit",
+		Help: "How many objects the controller reconciles at once now: it rises while keys queue and the apiserver answers fast, and falls when the apiserver pushes back (429, slow answers), between the floor and --workers.",
+	}, func() float64 {
+		if l := c.inFlight.Load(); l != nil {
+			return float64(l.Limit())
+		}
+		return 0
+	})); err != nil {
+		return nil, fmt.Errorf("registering the in-flight limit's metric: %w", err)
+	}
+	for _, cause := range []inflight.Cause{inflight.Throttled, inflight.Slow} {
+		if err := d.Metrics.Registerer().Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "syncs_in_flight_cuts_total", ConstLabels: prometheus.Labels{"cause": cause.String()},
+			Help: "Times the apiserver pushed the in-flight limit down: cause throttled, a 429 from API Priority and Fairness; slow, a round trip over 4 times and 250 ms more than the fastest of the last 30 s.",
+		}, func() float64 {
+			if l := c.inFlight.Load(); l != nil {
+				return float64(l.Cuts(cause))
+			}
+			return 0
+		})); err != nil {
+			return nil, fmt.Errorf("registering the in-flight limit's metric: %w", err)
+		}
+	}
 	c.sweeps = newSweeper(c.client, c.queue.Add, d.Metrics)
 	var err error
 	c.kopf, err = kopf.New(kopf.Config{
@@ -322,12 +355,16 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 			cancelWork()
 		}
 	})
-	for range workers {
-		wg.Go(func() {
-			for c.processNextWorkItem(ctx, work) {
-			}
-		})
+	if c.inFlight.Load() == nil {
+		c.inFlight.Store(inflight.New(inflight.Config{Min: min(minInFlight, workers), Max: workers}))
 	}
+	// One goroutine takes keys and starts a sync for each once the
+	// limiter has a slot: the syncs at once follow the queue and the
+	// apiserver, and an idle controller holds no worker goroutines.
+	wg.Go(func() {
+		for c.dispatch(ctx, work, &wg) {
+		}
+	})
 	<-ctx.Done()
 	logger.Info("Stopping workers", "controller", controllerName)
 	c.queue.ShutDown()
@@ -346,18 +383,35 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 }
 
-// processNextWorkItem handles one key under work (see Run). It returns false
-// when the queue is shut down or ctx is cancelled.
-func (c *Controller) processNextWorkItem(ctx, work context.Context) bool {
+// dispatch takes one key, waits for a slot and handles the key under work
+// in a goroutine of wg's (see Run). It returns false when the queue is shut
+// down or ctx is cancelled.
+func (c *Controller) dispatch(ctx, work context.Context, wg *sync.WaitGroup) bool {
 	key, shutdown := c.queue.Get()
 	if shutdown {
 		return false
 	}
+	slot, err := c.inFlight.Load().Acquire(ctx)
+	if err != nil {
+		// Shutting down: the object is picked up by whichever process
+		// runs next, from its own informer's list.
+		c.queue.Done(key)
+		return false
+	}
+	wg.Go(func() {
+		defer slot.Release()
+		c.processItem(ctx, work, key)
+	})
+	return true
+}
+
+// processItem handles one key under work, then marks it done.
+func (c *Controller) processItem(ctx, work context.Context, key cache.ObjectName) {
 	defer c.queue.Done(key)
 	if ctx.Err() != nil {
 		// Shutting down: don't start new work. The object is picked up by
 		// whichever process runs next, from its own informer's list.
-		return false
+		return
 	}
 	syncCtx, cancel := context.WithTimeout(work, c.opts.SyncTimeout)
 	defer cancel()
@@ -365,10 +419,9 @@ func (c *Controller) processNextWorkItem(ctx, work context.Context) bool {
 	if leaseLost(ctx) {
 		// No retry and no Error status: the next leader's informer lists
 		// the object and takes it from there.
-		return false
+		return
 	}
 	c.handleErr(syncCtx, key, err)
-	return true
 }
 
 // leaseLost tells whether ctx was cancelled for a lost lease.

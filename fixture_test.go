@@ -147,7 +147,13 @@ func (f *fixture) drive(n int) {
 	f.t.Helper()
 	for i := range n {
 		done := make(chan bool)
-		go func() { done <- f.ctrl.processNextWorkItem(f.ctx, context.WithoutCancel(f.ctx)) }()
+		go func() {
+			key, shutdown := f.ctrl.queue.Get()
+			if !shutdown {
+				f.ctrl.processItem(f.ctx, context.WithoutCancel(f.ctx), key)
+			}
+			done <- !shutdown
+		}()
 		select {
 		case ok := <-done:
 			if !ok {

@@ -53,7 +53,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*config, error) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster config, then ~/.kube/config.")
 	fs.StringVar(&c.master, "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig.")
 	fs.StringVar(&c.namespace, "namespace", "", "Watch Uuid objects in these namespaces only: one name, or a comma-separated list (team-a,team-b). Default: all namespaces.")
-	fs.IntVar(&c.workers, "workers", defaultWorkers, "Number of objects reconciled at once. Each waits on one API round trip, so more workers keep a burst from queueing.")
+	fs.IntVar(&c.workers, "workers", defaultWorkers, fmt.Sprintf("Most objects reconciled at once. The controller runs from %d up to this many, more while keys queue and the apiserver answers fast, fewer when it pushes back (429, slow answers).", minInFlight))
 	fs.IntVar(&c.opts.ErrorAfter, "error-after", d.ErrorAfter, fmt.Sprintf("Failed attempts on an object (about %s of backoff by default) before its status says state Error and a Warning Event is posted. Retrying goes on.",
 		backoffBefore(d.ErrorAfter, d.MaxRetryDelay).Round(time.Second)))
 	fs.DurationVar(&c.opts.MaxRetryDelay, "max-retry-delay", d.MaxRetryDelay, fmt.Sprintf("Cap on an object's exponential retry backoff (%s doubling).", baseRetryDelay))
@@ -147,11 +147,14 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
-// defaultWorkers keeps the queue near empty while creates run at the
-// apiserver's limit: each worker waits one round trip per object, so the
-// workers must outnumber the clients creating objects (docs/flags.md: 16
-// fell behind 16 concurrent creators, 64 did not).
-const defaultWorkers = 64
+// defaultWorkers caps the syncs at once (internal/inflight moves the limit
+// below it): high enough that the creators, not the cap, are what the
+// limit follows; a sync in flight costs a goroutine only while it runs.
+const defaultWorkers = 512
+
+// minInFlight is where the limit starts and the least it falls to: the
+// apiserver pushing back never stops the controller.
+const minInFlight = 8
 
 // noClientLimit, as --kube-api-qps, turns client-go's client-side rate
 // limit off (rest.Config.QPS < 0), as controller-runtime does by default:

@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/demo-operator/uuid-controller/internal/crdcheck"
+	"github.com/demo-operator/uuid-controller/internal/inflight"
 	"github.com/demo-operator/uuid-controller/internal/kopf"
 	"github.com/demo-operator/uuid-controller/internal/memlimit"
 	"github.com/demo-operator/uuid-controller/internal/metricsserver"
@@ -149,6 +150,9 @@ type clients struct {
 	// status is the status transport: restPatcher, which does not decode
 	// the object the apiserver returns (status.go).
 	status statusPatcher
+	// inFlight bounds the syncs at once; the status client reports the
+	// apiserver's 429s to it.
+	inFlight *inflight.Limiter
 }
 
 // newClients builds every client from the flags' kubeconfig, tuned by
@@ -175,7 +179,10 @@ func newClients(cfg *config) (*clients, error) {
 	if c.disc, err = discovery.NewDiscoveryClientForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building discovery client: %w", err)
 	}
-	statusClient, err := newStatusClient(restConfig)
+	c.inFlight = inflight.New(inflight.Config{Min: min(minInFlight, cfg.workers), Max: cfg.workers})
+	statusConfig := rest.CopyConfig(restConfig)
+	statusConfig.Wrap(c.inFlight.WrapTransport)
+	statusClient, err := newStatusClient(statusConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +220,7 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed, observe)
 	}
 	ctrl, err := NewController(ctx, Deps{Client: c.dyn, Informer: newInf("", false, ignoreAccess), Status: c.status,
-		Recorder: recorder, Metrics: metrics, CRD: crd, Metadata: c.meta, Namespaces: cfg.namespaces}, cfg.opts)
+		InFlight: c.inFlight, Recorder: recorder, Metrics: metrics, CRD: crd, Metadata: c.meta, Namespaces: cfg.namespaces}, cfg.opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
