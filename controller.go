@@ -17,6 +17,7 @@ import (
 	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -66,6 +67,10 @@ type Controller struct {
 	// cache shows the write, it still holds that version, and writing
 	// again would only earn a 409 (see alreadyWritten).
 	written *utilcache.LRUExpireCache
+	// drops maps the key of each object dropped in the last dropMemory
+	// (a request the apiserver rejected) to the error's text, so a drop
+	// repeated by resyncs is logged at -v=0 once (firstDrop).
+	drops *utilcache.LRUExpireCache
 	// inFlight bounds the syncs at once, between minInFlight and Run's
 	// workers, moving with the apiserver's answers (internal/inflight).
 	inFlight atomic.Pointer[inflight.Limiter]
@@ -78,6 +83,10 @@ const (
 	ownWriteTTL = time.Minute
 	ownWriteMax = 16384
 )
+
+// dropMemory is how long a drop is remembered (at most ownWriteMax of
+// them): a drop repeated by the resyncs of a day costs one line.
+const dropMemory = 24 * time.Hour
 
 // objectStore is what the controller reads of an informer's cache.
 type objectStore interface {
@@ -128,6 +137,12 @@ type Deps struct {
 	Metrics *Metrics
 	// CRD holds writes back while the CRD is known to be wrong.
 	CRD crdGate
+	// Metadata watches the objects' metadata for deletions kopf's
+	// finalizer holds, without --remove-kopf-finalizer (internal/kopf);
+	// nil watches nothing (unit tests).
+	Metadata metadata.Interface
+	// Namespaces are the namespaces watched (nil: all).
+	Namespaces []string
 	// KopfProbe stands in for the dry run that proves the kopf migration's
 	// admission policy (kopf.Config.Probe); nil but in unit tests.
 	KopfProbe func(ctx context.Context, namespace, name string) error
@@ -153,6 +168,7 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 		opts:       opts,
 		crd:        d.CRD,
 		written:    utilcache.NewLRUExpireCache(ownWriteMax),
+		drops:      utilcache.NewLRUExpireCache(ownWriteMax),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			rateLimiter(opts.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "uuid"},
@@ -191,6 +207,7 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 		Any:   c.anyCached,
 		Held:  func() ([]any, error) { return c.store.ByIndex(kopf.HeldIndex, kopf.HeldValue) },
 		Event: c.event, Metrics: d.Metrics.Registerer(), Probe: d.KopfProbe,
+		Metadata: d.Metadata, GVR: uuidGVR, Namespaces: d.Namespaces,
 	})
 	if err != nil {
 		return nil, err
@@ -228,7 +245,8 @@ func NewController(ctx context.Context, d Deps, opts Options) (*Controller, erro
 // namespaces (nil for all) are what a sweep lists.
 func (c *Controller) useWatch(w *watch, namespaces []string) {
 	c.store, c.synced = w, w.Servable
-	c.sweeps.namespaces, c.sweeps.narrowed, c.sweeps.onKopfFinalizer = namespaces, w.Narrowed, w.keepFull
+	c.sweeps.namespaces, c.sweeps.narrowed = namespaces, w.Narrowed
+	c.sweeps.onKopfHeld = func(ctx context.Context, obj kopf.Object) { _ = c.kopf.Release(ctx, obj) }
 	w.onNarrowed = c.sweeps.request
 }
 
@@ -272,11 +290,6 @@ func (c *Controller) enqueue(logger klog.Logger, obj any) {
 	if c.sampled.Load() == nil {
 		key := cache.MetaObjectToName(u)
 		c.sampled.Store(&key)
-	}
-	if u.carriesKopfFinalizer() {
-		// The narrowed watch loses the object once it has a UUID, and
-		// kopf's finalizer would then hold its deletion unseen.
-		c.sweeps.onKopfFinalizer()
 	}
 	if needsWork(u) {
 		c.queue.Add(cache.MetaObjectToName(u))
@@ -438,7 +451,16 @@ func (c *Controller) syncUUID(ctx context.Context, key cache.ObjectName) error {
 		logger.V(4).Info("The cache does not show this controller's UUID write yet, nothing to do")
 		return nil
 	case !obj.hasUUID():
-		return c.assignUUID(ctx, obj)
+		if err := c.assignUUID(ctx, obj); err != nil {
+			return err
+		}
+		if kopf.FinalizerIndex(obj) >= 0 && !c.opts.RemoveKopfFinalizer {
+			// Named now: with its UUID it leaves a narrowed watch, and
+			// only a sweep would find it again. (With the flag the full
+			// watch brings it back to be released.)
+			return c.kopf.Release(ctx, obj)
+		}
+		return nil
 	case kopf.FinalizerIndex(obj) >= 0:
 		// Released with --remove-kopf-finalizer, else reported with the fix.
 		if err := c.kopf.Release(ctx, obj); err != nil {
@@ -580,9 +602,16 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 		c.queue.Forget(key)
 		c.sweeps.strays.remove(key)
 		c.metrics.Dropped.Inc()
-		utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
-			"object", ref, "attempts", attempts)
-		c.markFailed(ctx, key, err)
+		// A resync brings a dropped object back (it still needs work) and
+		// drops it again: said at -v=0 once per object and error.
+		first := c.firstDrop(key, err)
+		if first {
+			utilruntime.HandleErrorWithContext(ctx, err, "Dropping object: the apiserver rejected the request; an update of the object retries it",
+				"object", ref, "attempts", attempts)
+		} else {
+			logger.V(2).Info("Dropping object again: the apiserver rejected the request", "object", ref, "err", err)
+		}
+		c.markFailed(ctx, key, err, first)
 	default:
 		// Exactly at the ErrorAfter-th attempt, so a streak is reported
 		// once with no record of it: the count is the queue's, which Forget
@@ -610,7 +639,7 @@ func (c *Controller) handleErr(ctx context.Context, key cache.ObjectName, err er
 			logger.V(2).Info("Failed to assign UUID again, will retry", "object", ref, "attempt", attempts, "err", err)
 		}
 		if report {
-			c.markFailed(ctx, key, err)
+			c.markFailed(ctx, key, err, true)
 		}
 		c.queue.AddRateLimited(key)
 	}
@@ -643,10 +672,24 @@ func isPermanent(err error) bool {
 		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
+// firstDrop tells whether key is dropped with err for the first time in
+// dropMemory (and remembers it): a drop that repeats, at each resync of an
+// object nothing changed, is logged at -v=2 only.
+func (c *Controller) firstDrop(key cache.ObjectName, err error) bool {
+	msg := err.Error()
+	if prev, ok := c.drops.Get(key); ok && prev == msg {
+		return false
+	}
+	c.drops.Add(key, msg, dropMemory)
+	return true
+}
+
 // markFailed reports a failure on the object: a Warning event, and state
 // Error with the error text. The write carries the same precondition as an
 // assignment, so it can never hide a UUID another writer just assigned.
-func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error) {
+// Its own failure is logged at -v=0 when loud, else at -v=2 (a drop that
+// repeats).
+func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause error, loud bool) {
 	logger := klog.FromContext(ctx)
 	// The attempt's own deadline may be what just failed it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SyncTimeout)
@@ -664,6 +707,10 @@ func (c *Controller) markFailed(ctx context.Context, key cache.ObjectName, cause
 		return // already says so; writing again would only wake the informer
 	}
 	if err := c.writeStatus(ctx, obj, st); err != nil && !apierrors.IsNotFound(err) {
-		logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+		if loud {
+			logger.Error(err, "Failed to record the error in status", "object", klog.KObj(obj))
+		} else {
+			logger.V(2).Info("Failed to record the error in status again", "object", klog.KObj(obj), "err", err)
+		}
 	}
 }

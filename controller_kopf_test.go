@@ -76,14 +76,20 @@ func TestNeedsWork(t *testing.T) {
 }
 
 // Without the opt-in, an object held by kopf's finalizer is logged with the
-// fix and where it is explained, at -v=0, and nothing is written to it.
+// fix and where it is explained, at -v=0, once however often it is synced
+// (every resync under a full watch), and nothing is written to it.
 func TestKopfHeldObjectLogsTheFixWithoutOptIn(t *testing.T) {
 	f := newFixture(t, Options{}, kopfObject("stuck", true))
 	logger, logs := testlog.New(t, 0)
-	if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "stuck")); err != nil {
-		t.Fatal(err)
+	for range 3 {
+		if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "stuck")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := logs.String()
+	if n := strings.Count(out, "waits for kopf's finalizer"); n != 1 {
+		t.Errorf("%d lines for one held object synced 3 times, want 1:\n%s", n, out)
+	}
 	if !strings.Contains(out, "--remove-kopf-finalizer") || !strings.Contains(out, "default/stuck") {
 		t.Errorf("log does not name the object and the flag:\n%s", out)
 	}
@@ -190,6 +196,25 @@ func TestTerminatingKopfObjectWithoutUUIDGetsOneFirst(t *testing.T) {
 	}
 	if _, st := patchStatusOf(t, ps[0]); st.State != StateOk || st.UUID != testUUID {
 		t.Errorf("status written = %+v, want Ok with a UUID", st)
+	}
+}
+
+// Without the opt-in, a terminating kopf object without a UUID is named
+// when it gets its UUID: it then leaves a narrowed watch, which would not
+// bring it back to be named.
+func TestTerminatingKopfObjectNamedWhenAssignedWithoutOptIn(t *testing.T) {
+	obj := kopfObject("failed", true)
+	obj.Object["status"] = map[string]any{"state": "Erreur", "message": "boom", "uuid": "NA"}
+	f := newFixture(t, Options{}, obj)
+	logger, logs := testlog.New(t, 0)
+	if err := f.ctrl.syncHandler(klog.NewContext(f.ctx, logger), key("default", "failed")); err != nil {
+		t.Fatal(err)
+	}
+	if ps := f.patches(); len(ps) != 1 || ps[0].GetSubresource() != "status" {
+		t.Fatalf("patches = %v, want one status write", ps)
+	}
+	if n := strings.Count(logs.String(), "waits for kopf's finalizer"); n != 1 || !strings.Contains(logs.String(), "default/failed") {
+		t.Errorf("%d lines naming default/failed as held, want 1:\n%s", n, logs)
 	}
 }
 

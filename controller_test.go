@@ -642,8 +642,8 @@ func TestMarkFailedSkipsGoneOrDone(t *testing.T) {
 	done := withStatus(newUUIDObject("default", "done", "5"), map[string]any{"state": "Ok", "uuid": testUUID})
 	f := newFixture(t, Options{}, done)
 	cause := errors.New("boom")
-	f.ctrl.markFailed(f.ctx, key("default", "done"), cause)
-	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause)
+	f.ctrl.markFailed(f.ctx, key("default", "done"), cause, true)
+	f.ctrl.markFailed(f.ctx, key("default", "gone"), cause, true)
 	if n := len(f.patches()); n != 0 {
 		t.Errorf("%d patches, want none", n)
 	}
@@ -673,7 +673,7 @@ func TestErrorStatusNotRewritten(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, Options{}, withStatus(newUUIDObject("default", "example", "5"), tt.status))
-			f.ctrl.markFailed(f.ctx, key("default", "example"), cause)
+			f.ctrl.markFailed(f.ctx, key("default", "example"), cause, true)
 			p := f.patches()
 			if len(p) != tt.want {
 				t.Fatalf("%d patches, want %d", len(p), tt.want)
@@ -850,5 +850,27 @@ func TestNotFoundOnPatchAsksForACheck(t *testing.T) {
 	}
 	if d := testutil.ToFloat64(f.metrics.Dropped); d != 0 {
 		t.Errorf("dropped = %v", d)
+	}
+}
+
+// TestDropLoggedOncePerObject: an object the apiserver keeps rejecting is
+// dropped again at each resync (it still has no UUID); the drop is logged
+// at -v=0 once, not once per resync.
+func TestDropLoggedOncePerObject(t *testing.T) {
+	obj := newUUIDObject("default", "example", "5")
+	client := newClient(t, obj)
+	failPatches(client, StateOk, invalid())
+	f := newFixtureWithClient(t, client, Options{ErrorAfter: 5}, obj)
+	logger, logs := testlog.New(t, 0)
+	f.ctx = klog.NewContext(f.ctx, logger)
+	for range 3 {
+		f.ctrl.enqueue(logger, toCached(obj)) // the first event, then two resyncs
+		f.drive(1)
+	}
+	if got := testutil.ToFloat64(f.metrics.Dropped); got != 3 {
+		t.Fatalf("dropped = %v, want 3: the test proves nothing", got)
+	}
+	if n := strings.Count(logs.String(), "Dropping object"); n != 1 {
+		t.Errorf("%d lines for one object dropped 3 times, want 1:\n%s", n, logs)
 	}
 }

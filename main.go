@@ -16,10 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -141,7 +143,11 @@ type clients struct {
 	// into its cache entry (decode.go); its lister serves the sweep too.
 	informerDyn informerClient
 	kube        kubernetes.Interface
-	disc        discovery.DiscoveryInterfaceWithContext
+	// dyn reads the served CRD for the sweep's record (sweeprecord.go).
+	dyn dynamic.Interface
+	// meta reads objects' metadata only: the kopf report's watch.
+	meta metadata.Interface
+	disc discovery.DiscoveryInterfaceWithContext
 	// status is the status transport: restPatcher, which does not decode
 	// the object the apiserver returns (status.go).
 	status statusPatcher
@@ -166,6 +172,12 @@ func newClients(cfg *config) (*clients, error) {
 	}
 	if c.kube, err = kubernetes.NewForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building clientset: %w", err)
+	}
+	if c.dyn, err = dynamic.NewForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building dynamic client: %w", err)
+	}
+	if c.meta, err = metadata.NewForConfig(restConfig); err != nil {
+		return nil, fmt.Errorf("building metadata client: %w", err)
 	}
 	if c.disc, err = discovery.NewDiscoveryClientForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building discovery client: %w", err)
@@ -212,7 +224,7 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 		return newInformer(c.informerDyn, namespace, cfg.resync, narrowed, observe)
 	}
 	ctrl, err := NewController(ctx, Deps{List: c.informerDyn.list, Patch: c.patch, Informer: newInf("", false, ignoreAccess), Status: c.status,
-		InFlight: c.inFlight, Recorder: recorder, Metrics: metrics, CRD: crd}, cfg.opts)
+		InFlight: c.inFlight, Recorder: recorder, Metrics: metrics, CRD: crd, Metadata: c.meta, Namespaces: cfg.namespaces}, cfg.opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -222,6 +234,9 @@ func newController(ctx context.Context, cfg *config, c *clients, metrics *Metric
 		return nil, nil, nil, fmt.Errorf("registering the watch's metric: %w", err)
 	}
 	ctrl.useWatch(w, cfg.namespaces)
+	if cfg.leaderElect {
+		ctrl.sweeps.record = leaseRecord{kube: c.kube, dyn: c.dyn, namespace: cfg.leader.Namespace, name: cfg.leader.Name}
+	}
 	return ctrl, w, crd, nil
 }
 

@@ -40,7 +40,7 @@ type Metrics struct {
 	// objects waiting for a UUID (watch.go), 0 while it watches every one.
 	WatchNarrowed prometheus.Gauge
 	// Sweeps counts sweeps for a status.uuid that is not a UUID
-	// (sweep.go), by result (ok, error).
+	// (sweep.go), by result (ok, error, skipped).
 	Sweeps *prometheus.CounterVec
 	// SweepInvalid is how many objects the last sweep found with a
 	// status.uuid that is not a UUID; SweepDuration how long it took.
@@ -84,7 +84,7 @@ func NewMetrics() *Metrics {
 		}),
 		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "sweeps_total",
-			Help: "Paginated lists of every Uuid object, made by the leader of a narrowed watch to find a status.uuid that is not a UUID, by result.",
+			Help: "Paginated lists of every Uuid object, made by the leader of a narrowed watch to find a status.uuid that is not a UUID, by result (skipped: a clean sweep is recorded under the CRD served now).",
 		}, []string{"result"}),
 		SweepInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "sweep_invalid_objects",
@@ -95,7 +95,7 @@ func NewMetrics() *Metrics {
 			Help: "Seconds the last successful sweep took.",
 		}),
 	}
-	for _, result := range []string{"ok", "error"} {
+	for _, result := range []string{"ok", "error", "skipped"} {
 		m.Sweeps.WithLabelValues(result)
 	}
 	// Known results are exported as 0 from the start, so a rate over them

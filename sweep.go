@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/demo-operator/uuid-controller/internal/kopf"
 )
 
 // sweepPageSize is how many objects one page of a sweep asks for. A page
@@ -31,10 +33,17 @@ type sweeper struct {
 	narrowed func() bool
 	// enqueue queues a key for the workers.
 	enqueue func(cache.ObjectName)
-	// onKopfFinalizer runs when a sweep finds kopf's finalizer on an
-	// object (watch.keepFull).
-	onKopfFinalizer func()
-	metrics         *Metrics
+	// onKopfHeld runs for each object a sweep finds being deleted and held
+	// by kopf's finalizer (the kopf migration's Release, which without
+	// --remove-kopf-finalizer names it once); ctx's logger names the
+	// object. It changes nothing about the watch: a narrowed watch cannot
+	// see such an object, and the sweep, which lists every object anyway,
+	// is what finds it.
+	onKopfHeld func(ctx context.Context, obj kopf.Object)
+	metrics    *Metrics
+	// record keeps the CRD of the last clean sweep (sweeprecord.go); nil
+	// sweeps at every request (no leader election: no Lease to keep it).
+	record sweepRecord
 	// strays are the invalid objects found, until each has a UUID.
 	strays strays
 	// requests asks the leader for a sweep.
@@ -43,13 +52,13 @@ type sweeper struct {
 
 func newSweeper(list pageLister, enqueue func(cache.ObjectName), metrics *Metrics) *sweeper {
 	return &sweeper{
-		list:            list,
-		narrowed:        func() bool { return false },
-		enqueue:         enqueue,
-		onKopfFinalizer: func() {},
-		metrics:         metrics,
-		strays:          strays{keys: map[cache.ObjectName]struct{}{}},
-		requests:        make(chan struct{}, 1),
+		list:       list,
+		narrowed:   func() bool { return false },
+		enqueue:    enqueue,
+		onKopfHeld: func(context.Context, kopf.Object) {},
+		metrics:    metrics,
+		strays:     strays{keys: map[cache.ObjectName]struct{}{}},
+		requests:   make(chan struct{}, 1),
 	}
 }
 
@@ -92,7 +101,8 @@ func (s *sweeper) request() {
 }
 
 // run runs a sweep for each request while ctx lasts, only while the
-// narrowed informer is in use.
+// narrowed informer is in use, and unless a clean sweep is recorded under
+// the CRD served now (skip).
 func (s *sweeper) run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for {
@@ -102,6 +112,13 @@ func (s *sweeper) run(ctx context.Context) {
 		case <-s.requests:
 		}
 		if !s.narrowed() {
+			continue
+		}
+		crd, skip := s.skip(ctx)
+		if skip {
+			s.metrics.Sweeps.WithLabelValues("skipped").Inc()
+			logger.Info("Not sweeping: a sweep found every status.uuid valid under the CRD served now, whose pattern refuses any other value",
+				"crd", crd)
 			continue
 		}
 		start := time.Now()
@@ -116,26 +133,55 @@ func (s *sweeper) run(ctx context.Context) {
 			time.AfterFunc(time.Minute, s.request)
 			continue
 		}
+		if n.found == 0 && crd != "" {
+			if err := s.record.Record(ctx, crd); err != nil {
+				logger.Error(err, "Could not record the clean sweep; the next leader sweeps again")
+			}
+		}
 		s.metrics.Sweeps.WithLabelValues("ok").Inc()
 		s.metrics.SweepInvalid.Set(float64(n.found))
 		s.metrics.SweepDuration.Set(time.Since(start).Seconds())
 		logger.Info("Swept every Uuid object for a status.uuid that is not a UUID", "listed", n.listed, "invalid", n.found,
-			"expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
+			"kopfFinalizer", n.kopf, "kopfHeld", n.kopfHeld, "expiredTokens", n.expired, "duration", time.Since(start).Round(time.Millisecond))
 	}
 }
 
+// skip tells whether a sweep can be skipped: a clean one is recorded under
+// the CRD served now. crd is that CRD ("" when unknown: no record kept,
+// or the CRD or the record unreadable, which is said, and swept over).
+// A sweep that found invalid values is not recorded: the next leader
+// sweeps again, and records it once they have been replaced.
+func (s *sweeper) skip(ctx context.Context) (crd string, skip bool) {
+	if s.record == nil {
+		return "", false
+	}
+	logger := klog.FromContext(ctx)
+	crd, err := s.record.CRD(ctx)
+	if err != nil {
+		logger.Info("Sweeping: could not read the CRD to tell whether a clean sweep is recorded under it", "err", err)
+		return "", false
+	}
+	recorded, err := s.record.Recorded(ctx)
+	if err != nil {
+		logger.Info("Sweeping: could not read the record of the last clean sweep", "err", err)
+		return crd, false
+	}
+	return crd, recorded == crd
+}
+
 // sweepCounts are what one sweep saw: objects found invalid, objects
-// listed, continue tokens that expired on the way, and whether an object
-// carrying kopf's finalizer was seen.
+// listed, continue tokens that expired on the way, objects carrying kopf's
+// finalizer, and those of them being deleted.
 type sweepCounts struct {
 	found, listed, expired int
-	kopfSeen               bool
+	kopf, kopfHeld         int
 }
 
 // sweep pages through every object in each of s.namespaces (all when
 // none), sweepPageSize at a time, each page read as a stream (pageLister),
-// and queues those whose status.uuid is set but is not a UUID. The first object carrying kopf's finalizer calls
-// onKopfFinalizer. A namespace whose list fails does not stop the others.
+// and queues those whose status.uuid is set but is not a UUID. Each object
+// held in deletion by kopf's finalizer goes to onKopfHeld. A namespace whose
+// list fails does not stop the others.
 func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 	namespaces := s.namespaces
 	if len(namespaces) == 0 {
@@ -163,7 +209,7 @@ func (s *sweeper) sweep(ctx context.Context) (sweepCounts, error) {
 func (s *sweeper) sweepNamespace(ctx context.Context, ns string, n *sweepCounts) error {
 	opts := metav1.ListOptions{Limit: sweepPageSize}
 	for {
-		page, err := s.list(ctx, ns, opts, func(c *cachedUUID) error { s.check(c, n); return nil })
+		page, err := s.list(ctx, ns, opts, func(c *cachedUUID) error { s.check(ctx, c, n); return nil })
 		if err != nil {
 			if next := continueAfterExpiry(err); opts.Continue != "" && next != "" && next != opts.Continue {
 				n.expired++
@@ -191,13 +237,18 @@ func continueAfterExpiry(err error) string {
 	return status.Status().Continue
 }
 
-// check counts u into n and queues it when its status.uuid is set but is
-// not a UUID.
-func (s *sweeper) check(u *cachedUUID, n *sweepCounts) {
+// check counts u into n, queues it when its status.uuid is set but is not
+// a UUID, and hands it to onKopfHeld when kopf's finalizer holds its
+// deletion.
+func (s *sweeper) check(ctx context.Context, u *cachedUUID, n *sweepCounts) {
 	n.listed++
-	if !n.kopfSeen && u.carriesKopfFinalizer() {
-		n.kopfSeen = true
-		s.onKopfFinalizer()
+	if u.carriesKopfFinalizer() {
+		n.kopf++
+		if kopf.FinalizerIndex(u) >= 0 {
+			n.kopfHeld++
+			logger := klog.LoggerWithValues(klog.FromContext(ctx), "object", klog.KObj(u))
+			s.onKopfHeld(klog.NewContext(ctx, logger), u)
+		}
 	}
 	if u.uuidProblem() != "" {
 		n.found++

@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -13,12 +20,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/demo-operator/uuid-controller/internal/kopf"
+	"github.com/demo-operator/uuid-controller/internal/testlog"
+	"github.com/demo-operator/uuid-controller/test/framework"
 )
 
 // A sweep queues exactly the objects whose status.uuid is not a UUID, reads
 // them from the apiserver rather than the cache (a narrowed watch never
 // holds them), replaces each with one write, and forgets them once done;
-// the first object carrying kopf's finalizer keeps the full watch.
+// it counts the objects carrying kopf's finalizer.
 func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	kopfObj := withStatus(newUUIDObject("ns", "kopf", "4"), map[string]any{"uuid": testUUID})
 	kopfObj.SetFinalizers([]string{kopf.Finalizer})
@@ -37,9 +46,6 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	}
 	f := newFixtureWithClient(t, client, Options{})
 	preconditionReactor(t, client)
-	kopfCalls := 0
-	f.ctrl.sweeps.onKopfFinalizer = func() { kopfCalls++ }
-
 	n, err := f.ctrl.sweeps.sweep(f.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -47,8 +53,8 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	if n.found != 2 || n.listed != 5 {
 		t.Errorf("sweep found %d of %d listed, want 2 of 5", n.found, n.listed)
 	}
-	if kopfCalls != 1 {
-		t.Errorf("onKopfFinalizer called %d times, want once", kopfCalls)
+	if n.kopf != 1 || n.kopfHeld != 0 {
+		t.Errorf("sweep counted %d objects carrying kopf's finalizer, %d held, want 1 and 0", n.kopf, n.kopfHeld)
 	}
 	if n := f.ctrl.queue.Len(); n != 2 {
 		t.Errorf("queue holds %d keys, want the 2 invalid ones", n)
@@ -67,24 +73,42 @@ func TestSweepFindsInvalidUUIDs(t *testing.T) {
 	}
 }
 
-// An object that arrives carrying kopf's finalizer (its UUID not yet
-// written, so a narrowed watch sees it) keeps the full watch, without a
-// sweep: once it has its UUID the narrowed watch would lose it, and its
-// deletion would hang on kopf's finalizer unseen.
-func TestKopfFinalizerSeenOnAnEvent(t *testing.T) {
-	f := newFixture(t, Options{})
-	kopfCalls := 0
-	f.ctrl.sweeps.onKopfFinalizer = func() { kopfCalls++ }
-	plain := newUUIDObject("ns", "plain", "1")
-	f.ctrl.enqueue(klog.FromContext(f.ctx), toCached(plain))
-	if kopfCalls != 0 {
-		t.Fatalf("onKopfFinalizer called for an object without kopf's finalizer")
-	}
-	held := newUUIDObject("ns", "held", "2")
+// No object decides what the controller watches: objects carrying kopf's
+// finalizer, live or held in deletion, on an event or found by sweeps,
+// leave the watch narrowed (the CRD allows it), and each held one is named
+// once at -v=0 however often it is swept.
+func TestNoObjectDecidesTheWatch(t *testing.T) {
+	held := withStatus(newUUIDObject("ns", "held", "1"), map[string]any{"uuid": testUUID})
 	held.SetFinalizers([]string{"other", kopf.Finalizer})
-	f.ctrl.enqueue(klog.FromContext(f.ctx), toCached(held))
-	if kopfCalls != 1 {
-		t.Errorf("onKopfFinalizer called %d times for an object carrying kopf's finalizer, want once", kopfCalls)
+	held.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	pending := newUUIDObject("ns", "pending", "2")
+	pending.SetFinalizers([]string{kopf.Finalizer})
+	client := newClient(t, held, pending)
+	f := newFixtureWithClient(t, client, Options{})
+	w := newWatch(nil, informersOver(client), f.ctrl.attach, func() (bool, bool) { return true, true }, false,
+		prometheus.NewGauge(prometheus.GaugeOpts{Name: "watch_narrowed"}))
+	f.ctrl.useWatch(w, nil)
+	logger, logs := testlog.New(t, 0)
+	ctx := klog.NewContext(f.ctx, logger)
+	f.ctrl.enqueue(logger, toCached(pending))
+	f.ctrl.enqueue(logger, toCached(held))
+	for range 2 {
+		n, err := f.ctrl.sweeps.sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.kopf != 2 || n.kopfHeld != 1 {
+			t.Errorf("sweep counted %d objects carrying kopf's finalizer, %d held, want 2 and 1", n.kopf, n.kopfHeld)
+		}
+	}
+	if narrowed, known := w.want(); !narrowed || !known {
+		t.Errorf("watch wants narrowed %v (known %v) after objects carrying kopf's finalizer were seen, want the narrowed watch the CRD allows", narrowed, known)
+	}
+	if got := strings.Count(logs.String(), "waits for kopf's finalizer"); got != 1 {
+		t.Errorf("%d lines name the held object after two sweeps, want 1:\n%s", got, logs)
+	}
+	if !strings.Contains(logs.String(), "ns/held") {
+		t.Errorf("the line does not name ns/held:\n%s", logs)
 	}
 }
 
@@ -178,5 +202,102 @@ func TestSweepGoesOnAfterExpiredToken(t *testing.T) {
 				t.Errorf("sweep error %v, want one containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// fakeRecord is a sweepRecord in memory.
+type fakeRecord struct {
+	mu            sync.Mutex
+	crd, recorded string
+	crdErr        error
+}
+
+func (r *fakeRecord) CRD(context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crd, r.crdErr
+}
+
+func (r *fakeRecord) Recorded(context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recorded, nil
+}
+
+func (r *fakeRecord) get() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recorded
+}
+
+func (r *fakeRecord) Record(_ context.Context, crd string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recorded = crd
+	return nil
+}
+
+// TestSweepSkippedUnderRecordedCRD: a sweep that finds every status.uuid
+// valid is recorded with the CRD read before it; a request under that CRD
+// sweeps nothing; under a changed CRD, or with the CRD unreadable, it
+// sweeps; a sweep that found an invalid value is not recorded.
+func TestSweepSkippedUnderRecordedCRD(t *testing.T) {
+	client := newClient(t, withStatus(newUUIDObject("ns", "done", "1"), map[string]any{"uuid": testUUID}))
+	f := newFixtureWithClient(t, client, Options{})
+	rec := &fakeRecord{crd: "uid-1/1"}
+	s := f.ctrl.sweeps
+	s.narrowed, s.record = func() bool { return true }, rec
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	lists := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "list" {
+				n++
+			}
+		}
+		return n
+	}
+	// step requests a sweep and waits until its result is counted.
+	step := func(what string, wantLists int, result string) {
+		t.Helper()
+		before := testutil.ToFloat64(f.metrics.Sweeps.WithLabelValues(result))
+		s.request()
+		if err := framework.PollTrue(ctx, 5*time.Second, what, func() bool {
+			return testutil.ToFloat64(f.metrics.Sweeps.WithLabelValues(result)) == before+1
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := lists(); got != wantLists {
+			t.Errorf("%s: %d lists in all, want %d", what, got, wantLists)
+		}
+	}
+	step("the first sweep", 1, "ok")
+	if got := rec.get(); got != "uid-1/1" {
+		t.Fatalf("recorded %q after a clean sweep, want the CRD read before it", got)
+	}
+	step("a request under the recorded CRD", 1, "skipped")
+	rec.mu.Lock()
+	rec.crd = "uid-1/2"
+	rec.mu.Unlock()
+	step("a request under a changed CRD", 2, "ok")
+	step("a request under the new recorded CRD", 2, "skipped")
+	rec.mu.Lock()
+	rec.crdErr = errors.New("forbidden")
+	rec.mu.Unlock()
+	step("a request with the CRD unreadable", 3, "ok")
+
+	stray := withStatus(newUUIDObject("ns", "stray", "2"), map[string]any{"uuid": "NA"})
+	if err := client.Tracker().Create(uuidGVR, stray, "ns"); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	rec.crd, rec.crdErr = "uid-2/1", nil
+	rec.mu.Unlock()
+	step("a sweep finding a stray", 4, "ok")
+	if got := rec.get(); got != "uid-1/2" {
+		t.Errorf("recorded %q after a sweep that found a stray, want the earlier record kept", got)
 	}
 }

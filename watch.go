@@ -58,12 +58,10 @@ type watch struct {
 	newInformer func(namespace string, narrowed bool, observe func(context.Context, error)) informers.GenericInformer
 	attach      func(cache.SharedIndexInformer) error
 	modes       watchModes
-	// forceFull keeps the full informer whatever the CRD allows (the kopf
-	// migration must see every object being deleted).
+	// forceFull keeps the full informer whatever the CRD allows: the
+	// operator's --remove-kopf-finalizer, under which the migration must
+	// see every object being deleted. Nothing an object carries sets it.
 	forceFull bool
-	// kopfSeen keeps it too once a sweep found kopf's finalizer on an
-	// object: its deletion would hang unseen by a narrowed watch.
-	kopfSeen atomic.Bool
 	// onNarrowed runs each time the narrowed informer is put in use, so
 	// what it cannot see (a status.uuid that is not a UUID) is looked for.
 	onNarrowed func()
@@ -115,18 +113,9 @@ func (w *watch) Poke() {
 	}
 }
 
-// keepFull switches to, and keeps, the full informer for the rest of the
-// process: objects carry kopf's finalizer, and a deletion held by it must
-// be seen (reported, or released with --remove-kopf-finalizer).
-func (w *watch) keepFull() {
-	if !w.kopfSeen.Swap(true) {
-		w.Poke()
-	}
-}
-
 // want is the informer the CRD allows now, and whether that is known.
 func (w *watch) want() (narrowed, known bool) {
-	if w.forceFull || w.kopfSeen.Load() {
+	if w.forceFull {
 		return false, true
 	}
 	return w.modes()
@@ -254,11 +243,6 @@ func (w *watch) report(logger klog.Logger, narrowed, switched bool) {
 	w.narrowedGauge.Set(0)
 	if w.forceFull {
 		logger.Info("Watching every Uuid object: --remove-kopf-finalizer must see each object being deleted", "switched", switched)
-		return
-	}
-	if w.kopfSeen.Load() {
-		logger.Info("Watching every Uuid object: some carry kopf's finalizer, so their deletion must be seen; "+
-			"the watch narrows at the next start once none does (docs/migrating-from-kopf.md)", "switched", switched)
 		return
 	}
 	logger.Info("Watching and caching every Uuid object: the served CRD does not declare status.uuid a selectable field "+

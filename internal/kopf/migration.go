@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/metadata"
 	"k8s.io/klog/v2"
 )
 
@@ -84,6 +85,14 @@ type Config struct {
 	// Probe proves the admission policy on one object; nil for Probe with
 	// Patch. A field so tests can stand in for the apiserver's admission.
 	Probe func(ctx context.Context, namespace, name string) error
+	// Metadata, without Remove, watches the objects' metadata for
+	// deletions kopf's finalizer holds (Reporter.Run); nil watches
+	// nothing (unit tests).
+	Metadata metadata.Interface
+	// GVR is the objects' resource, for Metadata.
+	GVR schema.GroupVersionResource
+	// Namespaces are the namespaces watched (nil or [""]: all).
+	Namespaces []string
 }
 
 // New registers the migration's metrics (with or without Remove, so the
@@ -97,8 +106,12 @@ func New(cfg Config) (Migration, error) {
 		Name: "kopf_policy_bound",
 		Help: "1 once a dry run the admission policy uuid-controller-kopf-migration must deny was denied (--remove-kopf-finalizer); 0 before, or while such a dry run is allowed, when no kopf finalizer is removed.",
 	})
-	// Computed at each scrape from the cache's index, so it is exact
-	// without tracking keys, and a scrape never walks the whole cache.
+	rep := newReporter(cfg)
+	// Computed at each scrape from the cache's index, so a scrape never
+	// walks the whole cache: with Remove the full watch holds every
+	// object, and the index is exact without tracking keys; without, the
+	// index (every object under a full watch, only those without a UUID
+	// under a narrowed one) joined with the reporter's keys.
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kopf_finalizer_waiting_objects",
 		Help: "Uuid objects being deleted whose deletion waits for kopf's finalizer (see --remove-kopf-finalizer).",
@@ -107,7 +120,10 @@ func New(cfg Config) (Migration, error) {
 		if err != nil {
 			return math.NaN() // the index is missing: unknown, not zero
 		}
-		return float64(len(objs))
+		if cfg.Remove {
+			return float64(len(objs))
+		}
+		return float64(rep.countWith(objs))
 	})
 	for _, c := range []prometheus.Collector{removed, bound, waiting} {
 		if err := cfg.Metrics.Register(c); err != nil {
@@ -115,7 +131,7 @@ func New(cfg Config) (Migration, error) {
 		}
 	}
 	if !cfg.Remove {
-		return reporter{}, nil
+		return rep, nil
 	}
 	probe := cfg.Probe
 	if probe == nil {
@@ -125,21 +141,6 @@ func New(cfg Config) (Migration, error) {
 	}
 	return &remover{cfg: cfg, removed: removed, policy: newPolicyGate(probe, bound)}, nil
 }
-
-// reporter is the Migration without --remove-kopf-finalizer: it removes
-// nothing, and says how to.
-type reporter struct{}
-
-// Release logs the fix at every resync while the deletion hangs, until
-// someone acts.
-func (reporter) Release(ctx context.Context, _ Object) error {
-	klog.FromContext(ctx).Info("Object is being deleted but waits for kopf's finalizer; if the kopf operator is gone, run the controller with --remove-kopf-finalizer (docs/migrating-from-kopf.md)",
-		"finalizer", Finalizer)
-	return nil
-}
-
-func (reporter) Run(context.Context) {}
-func (reporter) Ready() error        { return nil }
 
 // remover removes kopf's finalizer once the admission policy is proven.
 type remover struct {

@@ -290,10 +290,16 @@ func TestKopfMigration(t *testing.T) {
 		waitWarning(ctx, t, ns, n, "InvalidUUID")
 	}
 	// Without the opt-in, deleting an object kopf handled hangs, and the
-	// controller says why and what to do, at every resync: two of its log
-	// lines are the signal that resyncs have passed over every object.
+	// controller says why and what to do, once however many resyncs pass
+	// (the object is the resync witness: the full watch queues it at each).
 	deleteUuid(ctx, t, ns, "handled-0")
-	(&resyncWitness{ns: ns, name: "handled-0"}).waitResyncs(t, p)
+	witness := &resyncWitness{ns: ns, name: "handled-0"}
+	witness.waitResyncs(t, p)
+	waitFor(t, 30*time.Second, "handled-0 named as waiting for kopf's finalizer", func() bool { return witness.logged(p) >= 1 })
+	witness.waitResyncs(t, p)
+	if n := witness.logged(p); n != 1 {
+		t.Errorf("handled-0 named %d times as waiting for kopf's finalizer, want once:\n%s", n, p.Output())
+	}
 
 	statusWrites := auditedStatusPatchCodes(t, ns)
 	for _, n := range handled {

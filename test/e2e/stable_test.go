@@ -15,11 +15,13 @@ import (
 )
 
 // resyncWitness is an object held in its deletion by kopf's finalizer. A
-// controller without --remove-kopf-finalizer queues it at every resync and
-// logs it each time (syncUUID), so the lines it logs count the resyncs a
-// process has worked through: the positive signal that the resyncs a test
-// waits for have happened, and that everything queued before them (the
-// events of the step before) has been taken from the queue.
+// controller with the full watch queues it at every resync (needsWork),
+// so workqueue_adds_total counts the resyncs a process has worked through:
+// the positive signal that the resyncs a test waits for have happened, and
+// that everything queued before them (the events of the step before) has
+// been taken from the queue. (It is named in the log once, not at every
+// resync.) Under the narrowed watch, the cache holds no object that is
+// done, so a resync has nothing to touch and nothing to count.
 type resyncWitness struct{ ns, name string }
 
 // newResyncWitness creates the witness in ns, waits for its UUID (its one
@@ -34,7 +36,7 @@ func newResyncWitness(ctx context.Context, t *testing.T, ns string) *resyncWitne
 	return w
 }
 
-// logged counts the times p logged the witness waiting for kopf's
+// logged counts the lines p named the witness in, waiting for kopf's
 // finalizer.
 func (w *resyncWitness) logged(p *cluster.ControllerProcess) int {
 	n := 0
@@ -46,13 +48,22 @@ func (w *resyncWitness) logged(p *cluster.ControllerProcess) int {
 	return n
 }
 
-// waitResyncs waits until each of ps has logged the witness twice more:
-// two resyncs of each since the call.
+// waitResyncs waits, for each of ps (run with --resync 1s), for two
+// resyncs since the call: under the full watch, two more keys queued (the
+// witness, the one object a resync queues); under the narrowed one, which
+// has nothing to count, two resync periods and a margin.
 func (w *resyncWitness) waitResyncs(t *testing.T, ps ...*cluster.ControllerProcess) {
 	t.Helper()
+	adds := func(p *cluster.ControllerProcess) float64 {
+		return controllerMetric(t.Context(), t, p, "workqueue_adds_total", func(l map[string]string) bool { return l["name"] == "uuid" })
+	}
 	for _, p := range ps {
-		start := w.logged(p)
-		waitFor(t, 30*time.Second, "two resyncs (the held witness logged twice more)", func() bool { return w.logged(p) >= start+2 })
+		if controllerMetric(t.Context(), t, p, "uuid_controller_watch_narrowed", nil) == 1 {
+			time.Sleep(2500 * time.Millisecond)
+			continue
+		}
+		start := adds(p)
+		waitFor(t, 30*time.Second, "two resyncs (the held witness queued twice more)", func() bool { return adds(p) >= start+2 })
 	}
 }
 
@@ -69,7 +80,7 @@ func TestUUIDIsStable(t *testing.T) {
 	writes := settled(t, func() (float64, error) { return env.cluster.APIStatusWrites(ctx) })
 
 	// After each step, two resyncs of every running replica (the
-	// witness's log lines), then the counts: the witness's one write and
+	// witness queued twice), then the counts: the witness's one write and
 	// one for each object.
 	unchanged := func(step string, ps ...*cluster.ControllerProcess) {
 		t.Helper()
