@@ -175,6 +175,12 @@ func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string,
 	})
 	applyObjects(ctx, t, objs)
 	d := deploymentOf(t, objs)
+	// startAsDeployed's --namespace reads the namespace, as for env.kubeconfig.
+	reads, err := env.cluster.GrantNamespaceReads(ctx, installNS, d.Spec.Template.Spec.ServiceAccountName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindings = append(bindings, reads)
 	if d.Namespace != installNS {
 		t.Fatalf("rendered Deployment is in %q, want %q", d.Namespace, installNS)
 	}
