@@ -31,16 +31,24 @@ const uuidPolicyRule = "status.uuid is set only by uuid-controller"
 // useUUIDPolicy applies the policy and binding among objs (as shipped),
 // the binding narrowed to namespaces so that no other test's writes meet
 // it, removes both when the test ends, and waits until the apiserver
-// enforces it in the first namespace.
+// enforces it in the first namespace. Both are renamed with the first
+// namespace as a suffix: the apiserver reads policies and bindings apart,
+// so a policy of the same name that an earlier test just deleted could
+// still be dropped after this one's first denial.
 func useUUIDPolicy(ctx context.Context, t *testing.T, objs []*unstructured.Unstructured, namespaces ...string) {
 	t.Helper()
 	var policy []*unstructured.Unstructured
+	name := uuidPolicy + "-" + namespaces[0]
 	for _, o := range objs {
 		if o.GetName() != uuidPolicy {
 			continue
 		}
 		o = o.DeepCopy()
+		o.SetName(name)
 		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			if err := unstructured.SetNestedField(o.Object, name, "spec", "policyName"); err != nil {
+				t.Fatal(err)
+			}
 			values := make([]any, len(namespaces))
 			for i, ns := range namespaces {
 				values[i] = ns
@@ -60,8 +68,8 @@ func useUUIDPolicy(ctx context.Context, t *testing.T, objs []*unstructured.Unstr
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		vap := env.kube.AdmissionregistrationV1()
-		_ = vap.ValidatingAdmissionPolicyBindings().Delete(ctx, uuidPolicy, metav1.DeleteOptions{})
-		_ = vap.ValidatingAdmissionPolicies().Delete(ctx, uuidPolicy, metav1.DeleteOptions{})
+		_ = vap.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = vap.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})
 	})
 	applyObjects(ctx, t, policy)
 	// A dry run of a user's first UUID on an object of its own: denied
