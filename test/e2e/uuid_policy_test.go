@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func useUUIDPolicy(ctx context.Context, t *testing.T, objs []*unstructured.Unstr
 		_, err := env.fw.Uuids(ns).Patch(ctx, probe, types.MergePatchType, []byte(`{"status":{"uuid":"`+uuid.NewString()+`"}}`),
 			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
 		if !isPolicyDenial(err) {
-			return err
+			return fmt.Errorf("a user's first UUID (dry run): %v, want 403 from %s", err, name)
 		}
 		return nil
 	})
