@@ -88,15 +88,13 @@ KUBECTL ?= kubectl
 .PHONY: manifests build-installer
 
 ## manifests: refresh the copies the kustomization and the Helm chart hold: crd.yaml in each,
-##            the chart's alerts and dashboard from deploy/monitoring, its aggregated roles and
-##            the status.uuid admission policy (deploy/uuid-policy.yaml)
+##            the chart's alerts and dashboard from deploy/monitoring, and its aggregated roles
 manifests:
 	cp crd.yaml deploy/crd.yaml
 	cp crd.yaml charts/uuid-controller/crds/uuid.demo.operator.yaml
 	cp deploy/monitoring/prometheus/rules.yaml charts/uuid-controller/files/prometheus-rules.yaml
 	cp deploy/monitoring/dashboard.json charts/uuid-controller/files/dashboard.json
 	cp deploy/aggregate-roles/roles.yaml charts/uuid-controller/files/aggregate-roles.yaml
-	cp deploy/uuid-policy.yaml charts/uuid-controller/files/uuid-policy.yaml
 
 ## deploy: kubectl apply -k deploy/ (CRD, namespace, RBAC, Deployment, PDB) with the image $(IMG)
 deploy: manifests
