@@ -87,7 +87,9 @@ func useUUIDPolicy(ctx context.Context, t *testing.T, objs []*unstructured.Unstr
 		return nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		// Either not loaded yet or not refusing: the checks that follow
+		// tell which writes got through.
+		t.Errorf("the policy never refused a user's first UUID: %v", err)
 	}
 }
 
