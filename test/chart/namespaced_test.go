@@ -95,3 +95,32 @@ func TestChartNotesExampleInAWatchedNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestChartUUIDPolicy: the admission policy that keeps status.uuid to the
+// controller is deploy/uuid-policy.yaml, rendered by default (every
+// namespace watched, a cluster admin's install) and not with
+// watchNamespaces (a namespace admin's, who may not create it), unless
+// uuidPolicy.create says otherwise.
+func TestChartUUIDPolicy(t *testing.T) {
+	want := readObjects(t, "deploy/uuid-policy.yaml")
+	for _, c := range []struct {
+		set      []string
+		rendered bool
+	}{
+		{nil, true},
+		{[]string{"--set", "watchNamespaces={team-a}", "--set", "namespace.name=team-a"}, false},
+		{[]string{"--set", "watchNamespaces={team-a}", "--set", "namespace.name=team-a", "--set", "uuidPolicy.create=true"}, true},
+		{[]string{"--set", "uuidPolicy.create=false"}, false},
+	} {
+		got := only(render(t, c.set...), "uuid-controller-sets-uuids")
+		if !c.rendered {
+			for _, o := range got {
+				t.Errorf("%v: %s rendered", c.set, key(o))
+			}
+			continue
+		}
+		for _, p := range compare(got, want, "deploy/uuid-policy.yaml") {
+			t.Errorf("%v: %s", c.set, p)
+		}
+	}
+}

@@ -46,10 +46,14 @@ func BuildController(ctx context.Context, dir string) (string, error) {
 
 // ControllerKubeconfig applies deploy/namespace.yaml and deploy/rbac.yaml
 // and returns a kubeconfig for the controller's ServiceAccount, so a
-// controller run with it has exactly the permissions the manifests grant.
+// controller run with it has the permissions the manifests grant, and get
+// on namespaces for --namespace (GrantNamespaceReads).
 func (c *Cluster) ControllerKubeconfig(ctx context.Context) (string, error) {
 	if err := c.Apply(ctx, filepath.Join(c.repoRoot, "deploy", "namespace.yaml"),
 		filepath.Join(c.repoRoot, "deploy", "rbac.yaml")); err != nil {
+		return "", err
+	}
+	if _, err := c.GrantNamespaceReads(ctx, ControllerNamespace, ControllerServiceAccount); err != nil {
 		return "", err
 	}
 	return c.ServiceAccountKubeconfig(ctx, ControllerNamespace, ControllerServiceAccount)

@@ -149,6 +149,9 @@ func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string,
 	root := framework.RepoRoot(t)
 	installNS := "uuid-elsewhere-" + uuid.NewString()[:6]
 	objs := renderInto(t, root, installNS, withKopf)
+	// deploy/uuid-policy.yaml would bind every namespace, other tests'
+	// included: TestOnlyControllerSetsUUID applies it, bound to its own.
+	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() == uuidPolicy })
 	var bindings []string
 	for _, o := range objs {
 		if o.GetKind() == "ClusterRoleBinding" {
@@ -172,6 +175,12 @@ func installElsewhere(ctx context.Context, t *testing.T, withKopf bool) (string,
 	})
 	applyObjects(ctx, t, objs)
 	d := deploymentOf(t, objs)
+	// startAsDeployed's --namespace reads the namespace, as for env.kubeconfig.
+	reads, err := env.cluster.GrantNamespaceReads(ctx, installNS, d.Spec.Template.Spec.ServiceAccountName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindings = append(bindings, reads)
 	if d.Namespace != installNS {
 		t.Fatalf("rendered Deployment is in %q, want %q", d.Namespace, installNS)
 	}

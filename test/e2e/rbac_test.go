@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -58,6 +59,16 @@ func withoutRule(t *testing.T, name, resource string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The tests' --namespace reads the namespace, as for env.kubeconfig.
+	reads, err := env.cluster.GrantNamespaceReads(ctx, cluster.ControllerNamespace, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = rbac.ClusterRoleBindings().Delete(ctx, reads, metav1.DeleteOptions{})
+	})
 	return kc
 }
 
@@ -183,5 +194,48 @@ func TestNoEventPermission(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the log does not say that posting Events is forbidden:\n%s", p.Output())
 	}
+	mustStayRunning(t, p)
+}
+
+// TestClusterWideReadsNoNamespace: the cluster-wide install's grant,
+// deploy/rbac.yaml's ClusterRole and nothing else, reads no namespace
+// (only --namespace reads them, which that install never passes), and a
+// controller run with it as deployed, watching every namespace, gets ready
+// and assigns UUIDs.
+func TestClusterWideReadsNoNamespace(t *testing.T) {
+	ctx := testCtx(t)
+	ns := env.fw.NewNamespace(ctx, t)
+	const sa = "uuid-controller-as-shipped"
+	rbac := env.kube.RbacV1()
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: sa},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "uuid-controller"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: cluster.ControllerNamespace, Name: sa}},
+	}
+	if _, err := rbac.ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = rbac.ClusterRoleBindings().Delete(ctx, sa, metav1.DeleteOptions{})
+	})
+	kc, err := env.cluster.ServiceAccountKubeconfig(ctx, cluster.ControllerNamespace, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "system:serviceaccount:" + cluster.ControllerNamespace + ":" + sa
+	for _, target := range []string{ns, cluster.ControllerNamespace, "kube-system"} {
+		allowed, err := env.fw.Allowed(ctx, authorizationv1.SubjectAccessReviewSpec{User: user,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Resource: "namespaces", Name: target, Namespace: target}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if allowed {
+			t.Errorf("the cluster-wide install's ServiceAccount may get namespace %s, want no namespace read", target)
+		}
+	}
+	p := framework.StartController(ctx, t, controllerAs(kc), "")
+	env.fw.WaitUUIDs(ctx, t, ns, env.fw.CreateUuids(ctx, t, ns, "shipped", 3), 30*time.Second)
 	mustStayRunning(t, p)
 }
