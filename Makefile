@@ -409,8 +409,8 @@ tools-$(1): $(BIN_DIR)/v$(1)/etcd $(BIN_DIR)/v$(1)/kube-apiserver $(BIN_DIR)/v$(
 
 ## test-version-<minor>: the core e2e tests against that minor, narrowed and full watch
 test-version-$(1): tools-$(1)
-	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) go test -count=1 -timeout 30m -v -run '$(VERSIONS_TESTS)' ./test/e2e/
-	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) UUID_WATCH=full go test -count=1 -timeout 20m -v -run '$(VERSIONS_FULL_TESTS)' ./test/e2e/
+	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) go test -count=1 -timeout 30m -v -run '$$(VERSIONS_TESTS)' ./test/e2e/
+	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) UUID_WATCH=full go test -count=1 -timeout 20m -v -run '$$(VERSIONS_FULL_TESTS)' ./test/e2e/
 endef
 $(foreach v,$(TEST_VERSIONS),$(eval $(call MINOR_TOOLS,$(v))))
 
