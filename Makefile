@@ -371,3 +371,49 @@ chart-push: $(BIN_DIR)/helm
 	chart=$$(echo $(CHART_REPO) | sed 's|^oci://||')/uuid-controller@$$digest; \
 	$(if $(SIGNING_KEY),($(IMAGE_TOOL) sign $(REGISTRY_FLAGS) -key $(abspath $(SIGNING_KEY)) $$chart) >&2;) \
 	echo "$$chart"
+
+## ---- older Kubernetes minors (issue 42): the core e2e tests against each ----
+# Each minor's etcd, kube-apiserver and kubectl come from hack/tools-<minor>, a
+# module of its own (its k8s.io/kubernetes pin is the newest patch the module
+# proxy serves; docs/install.md has the table), into bin/v<minor>/. The e2e
+# framework takes that directory from KUBE_TEST_BIN_DIR (test/cluster).
+# Not in `make test`: one cold apiserver costs minutes (docs/testing.md).
+TEST_VERSIONS ?= 1.36 1.35 1.34
+# The tests that cover what moved between minors: assignment and one write,
+# both watch modes and the switch, the CRD check, the CEL transition rule, the
+# kopf migration's admission policy, leader election, metrics authn/authz,
+# the Roles-only install.
+VERSIONS_TESTS := ^(TestExampleGetsUUID|TestAllNamespaces|TestUUIDIsStable|TestWatchMode|TestWatchFollowsTheCRD|TestUUIDCannotBeSwapped|TestCRDWithoutStatusSubresource|TestCRDReplacedByArticles|TestCRDSchemaPrunesUUID|TestKopfMigration|TestKopfMigrationPolicy|TestLeaderElection|TestMetricsAuth|TestMetricsWithoutReviewPermission|TestNamespacedInstall|TestMissingNamespaceRolesOnly|TestInstallManifests)$$
+# The same with the narrowed watch's fallback, the full informer (UUID_WATCH=full).
+VERSIONS_FULL_TESTS := ^(TestExampleGetsUUID|TestAllNamespaces|TestUUIDIsStable|TestWatchMode|TestUUIDCannotBeSwapped|TestKopfMigration|TestLeaderElection)$$
+# The kubernetes version a minor's module pins, e.g. 1.34.4 (version ldflags,
+# so the apiserver's /version and kubectl version say it rather than v0.0.0-master).
+k8s_patch = $(shell sed -n 's/^	k8s.io\/kubernetes v\([0-9.]*\).*/\1/p' hack/tools-$(1)/go.mod)
+k8s_ldflags = -X k8s.io/component-base/version.gitVersion=v$(call k8s_patch,$(1)) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(1)))
+
+define MINOR_TOOLS
+$(BIN_DIR)/v$(1)/kube-apiserver $(BIN_DIR)/v$(1)/kubectl: hack/tools-$(1)/go.mod hack/tools-$(1)/go.sum
+	cd hack/tools-$(1) && GOFLAGS=-mod=mod go build -ldflags "$$(call k8s_ldflags,$(1))" -o ../../$$@ k8s.io/kubernetes/cmd/$$(@F)
+
+# etcd: the version the minor's kubernetes pins; a link to bin/etcd when it is hack/tools' own.
+$(BIN_DIR)/v$(1)/etcd: hack/tools-$(1)/go.mod hack/tools-$(1)/go.sum $(TOOLS_MOD)
+	@mkdir -p $$(@D); rm -f $$@
+	@v=$$$$(cd hack/tools-$(1) && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3); \
+	cur=$$$$(cd $(TOOLS_DIR) && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3); \
+	if [ "$$$$v" = "$$$$cur" ]; then echo "etcd $$$$v: bin/etcd's"; ln -s ../etcd $$@; \
+	else echo "etcd $$$$v (bin/etcd is $$$$cur)"; cd hack/tools-$(1) && GOFLAGS=-mod=mod go build -o ../../$$@ go.etcd.io/etcd/server/v3; fi
+
+.PHONY: tools-$(1) test-version-$(1)
+## tools-<minor>: bin/v<minor>/{etcd,kube-apiserver,kubectl} (skipped when up to date)
+tools-$(1): $(BIN_DIR)/v$(1)/etcd $(BIN_DIR)/v$(1)/kube-apiserver $(BIN_DIR)/v$(1)/kubectl
+
+## test-version-<minor>: the core e2e tests against that minor, narrowed and full watch
+test-version-$(1): tools-$(1)
+	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) go test -count=1 -timeout 30m -v -run '$$(VERSIONS_TESTS)' ./test/e2e/
+	KUBE_TEST_BIN_DIR=$(abspath $(BIN_DIR)/v$(1)) UUID_WATCH=full go test -count=1 -timeout 20m -v -run '$$(VERSIONS_FULL_TESTS)' ./test/e2e/
+endef
+$(foreach v,$(TEST_VERSIONS),$(eval $(call MINOR_TOOLS,$(v))))
+
+.PHONY: test-versions
+## test-versions: test-version-<minor> for each of $(TEST_VERSIONS) (not in make test)
+test-versions: $(addprefix test-version-,$(TEST_VERSIONS))

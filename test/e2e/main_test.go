@@ -84,5 +84,12 @@ func setup() error {
 		return err
 	}
 	env.dyn, env.kube = env.fw.Dyn, env.fw.Kube
+	// Which apiserver the run tested: make test-versions points
+	// KUBE_TEST_BIN_DIR at an older minor's binaries.
+	v, err := env.kube.Discovery().ServerVersion()
+	if err != nil {
+		return fmt.Errorf("reading the apiserver's version: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "e2e: kube-apiserver %s from %s\n", v.GitVersion, env.cluster.BinDir())
 	return nil
 }
