@@ -45,11 +45,6 @@ type connCap struct {
 
 	mu    sync.Mutex
 	conns map[*capConn]struct{}
-	// closed counts the connections of each address closed to make room
-	// lately: among connections in their grace, a flood's address, whose
-	// connections keep being closed, loses its next one before an address
-	// that connects now and then (the kubelet's), whatever their order.
-	closed recentCounts
 }
 
 // What the phases of a connection are, for its protection.
@@ -96,7 +91,6 @@ func (c *connCap) admit(conn net.Conn) *capConn {
 	if len(c.conns) > c.max {
 		victim, what = c.victim(cc, now)
 		delete(c.conns, victim)
-		c.closed.add(victim.ip, now)
 	}
 	c.mu.Unlock()
 	if victim == nil {
@@ -162,7 +156,6 @@ func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 	if !graced {
 		return accepted, "the new connection, every other serving a request"
 	}
-	c.closed.roll(now)
 	open := map[string]int{}
 	for cc := range c.conns {
 		open[cc.ip]++
@@ -176,16 +169,7 @@ func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 			first = cc
 			continue
 		}
-		n, m := open[cc.ip], open[first.ip]
-		if n == m {
-			// More closed lately goes first; then the one read first.
-			n, m = c.closed.get(cc.ip), c.closed.get(first.ip)
-			if n == m && readBefore(cc, first) {
-				first = cc
-				continue
-			}
-		}
-		if n > m {
+		if n, m := open[cc.ip], open[first.ip]; n > m || (n == m && readBefore(cc, first)) {
 			first = cc
 		}
 	}
@@ -194,36 +178,6 @@ func (c *connCap) victim(accepted *capConn, now time.Time) (*capConn, string) {
 	}
 	return first, "the connection in its grace read first, of the address holding the most, every other protected"
 }
-
-// recentCounts counts events per client address over the current second
-// and the one before, for at most maxCountedAddrs addresses a second:
-// bounded whatever the number of addresses.
-type recentCounts struct {
-	cur, prev map[string]int
-	start     time.Time // of cur's second
-}
-
-const maxCountedAddrs = 4096
-
-func (r *recentCounts) roll(now time.Time) {
-	switch {
-	case r.cur == nil || now.Sub(r.start) >= 2*time.Second:
-		r.cur, r.prev, r.start = map[string]int{}, nil, now
-	case now.Sub(r.start) >= time.Second:
-		r.cur, r.prev, r.start = map[string]int{}, r.cur, now
-	}
-}
-
-func (r *recentCounts) add(ip string, now time.Time) {
-	r.roll(now)
-	if _, ok := r.cur[ip]; ok || len(r.cur) < maxCountedAddrs {
-		r.cur[ip]++
-	}
-}
-
-// get is ip's count over this second and the one before, as of the last
-// roll.
-func (r *recentCounts) get(ip string) int { return r.cur[ip] + r.prev[ip] }
 
 // readBefore is true when the server began to read a before b (one not
 // read yet comes last), or at the same time and a was accepted first.

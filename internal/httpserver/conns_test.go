@@ -259,21 +259,6 @@ func TestConnCapEveryProtected(t *testing.T) {
 		_, fn := c.admit("127.0.1.8")
 		wantOpen(t, "a fourth in grace, two from one address", map[string]*fakeConn{"probe": probe, "first of two": g1, "second of two": g2, "new": fn}, "probe", "second of two", "new")
 	})
-	t.Run("one each: the address closed lately first", func(t *testing.T) {
-		c := newTestCap(t, 3)
-		c.admit("127.0.1.5") // a flood's address
-		c.at(100 * time.Millisecond)
-		c.admit("127.0.2.1")
-		c.at(200 * time.Millisecond)
-		_, y := c.admit("127.0.0.1") // the kubelet's, sorting first
-		c.at(300 * time.Millisecond)
-		_, z := c.admit("127.0.2.3") // closes 127.0.1.5's, read first
-		c.at(400 * time.Millisecond)
-		_, again := c.admit("127.0.1.5") // it is back: closes 127.0.2.1's
-		c.at(500 * time.Millisecond)
-		_, fn := c.admit("127.0.2.4")
-		wantOpen(t, "a new one while the flood's address is back", map[string]*fakeConn{"probe": y, "third": z, "flood again": again, "new": fn}, "probe", "third", "new")
-	})
 	t.Run("a cap of one", func(t *testing.T) {
 		c := newTestCap(t, 1)
 		_, fa := c.admit("127.0.1.1")
