@@ -91,6 +91,35 @@ func (a *answers) add(code int, took time.Duration, err error) {
 	}
 }
 
+// checkNoRestart fails the test when failureThreshold answers in a row
+// were not want: what makes the kubelet restart a container (its default
+// failureThreshold is 3) or take it out of its Service. A lone failure is
+// logged with the count, not failed.
+func (a *answers) checkNoRestart(t *testing.T, what string, want, failureThreshold int) {
+	t.Helper()
+	a.mu.Lock()
+	codes := slices.Clone(a.codes)
+	a.mu.Unlock()
+	if len(codes) == 0 {
+		t.Errorf("%s: no request was sent", what)
+		return
+	}
+	bad, run, longest := 0, 0, 0
+	for _, c := range codes {
+		if c == want {
+			run = 0
+			continue
+		}
+		bad++
+		run++
+		longest = max(longest, run)
+	}
+	t.Logf("%s: %d of %d not answered %d, at most %d in a row (the kubelet acts on %d)", what, bad, len(codes), want, longest, failureThreshold)
+	if longest >= failureThreshold {
+		t.Errorf("%s: %d answers in a row were not %d: the kubelet would restart the controller", what, longest, want)
+	}
+}
+
 // check fails the test unless every answer was want, and logs the latencies.
 func (a *answers) check(t *testing.T, what string, want int) {
 	t.Helper()
