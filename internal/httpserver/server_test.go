@@ -297,7 +297,14 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 			}}
 			var failed []string
 			var slowest time.Duration
-			probes := 0
+			// run counts the failures in a row of one path: the kubelet
+			// restarts a container after 3 (its failureThreshold).
+			probes, longest, run := 0, 0, map[string]int{}
+			fail := func(path, why string) {
+				failed = append(failed, why)
+				run[path]++
+				longest = max(longest, run[path])
+			}
 			dials := flood.Dials.Load()
 			for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 				for _, path := range []string{"/healthz", "/readyz"} {
@@ -307,17 +314,26 @@ func TestServeProbesUnderHeldRequests(t *testing.T) {
 					slowest = max(slowest, took)
 					probes++
 					if err != nil {
-						failed = append(failed, err.Error())
+						fail(path, err.Error())
 						continue
 					}
 					resp.Body.Close()
 					if resp.StatusCode != http.StatusOK {
-						failed = append(failed, resp.Status)
+						fail(path, resp.Status)
+						continue
 					}
+					run[path] = 0
 				}
 			}
 			t.Logf("%d probes, slowest %s; the flood made %d connections while they ran, %d in all, the server closed %d", probes, slowest, flood.Dials.Load()-dials, flood.Dials.Load(), flood.Closed.Load())
-			if len(failed) > 0 {
+			switch {
+			case shape.Reopening && longest >= 3:
+				// Every connection in its grace: a lone probe may lose
+				// its slot (docs/security.md); three in a row restart.
+				t.Errorf("%d of %d probes failed, %d of one path in a row, with %d requests held in flight from %d addresses, first: %s", len(failed), probes, longest, shape.Conns, shape.Addrs, failed[0])
+			case shape.Reopening && len(failed) > 0:
+				t.Logf("%d of %d probes failed, at most %d of one path in a row, first: %s", len(failed), probes, longest, failed[0])
+			case len(failed) > 0:
 				t.Errorf("%d of %d probes failed with %d requests held in flight from %d addresses, first: %s", len(failed), probes, shape.Conns, shape.Addrs, failed[0])
 			}
 		})
