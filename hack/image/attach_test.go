@@ -293,7 +293,7 @@ func TestAttach(t *testing.T) {
 				t.Error("attestations accepted the provenance with another key")
 			}
 			gb := st.Predicate.BuildDefinition.InternalParameters.GoBuild[hostPlatform.String()]
-			if gb.Flags["-ldflags"] != "-s -w" || gb.Flags["-trimpath"] != "true" || gb.Env["CGO_ENABLED"] != "0" || gb.Toolchain != "go1.26.8" {
+			if gb.Flags["-ldflags"] != "-s -w" || gb.Flags["-trimpath"] != "true" || gb.Env["CGO_ENABLED"] != "0" || gb.Toolchain != runtime.Version() {
 				t.Errorf("provenance's go build for %s: %+v", hostPlatform, gb)
 			}
 		})
