@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,10 +59,24 @@ func TestAPFPushBackCutsTheLimit(t *testing.T) {
 	if _, err := fc.FlowSchemas().Create(ctx, fs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The apiserver's APF configuration controller takes the new level
-	// in within a second or so; objects made while no controller runs
-	// are a backlog the moment it starts.
-	time.Sleep(2 * time.Second)
+	// The apiserver's APF configuration controller has taken the schema
+	// in once it reports whether the schema's level exists (Dangling).
+	if err := framework.Poll(ctx, 30*time.Second, "FlowSchema "+fs.Name+" taken in", func(ctx context.Context) error {
+		got, err := fc.FlowSchemas().Get(ctx, fs.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == flowcontrolv1.FlowSchemaConditionDangling && c.Status == flowcontrolv1.ConditionFalse {
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", got.Status.Conditions)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Objects made while no controller runs are a backlog the moment it
+	// starts.
 	ns := env.fw.NewNamespace(ctx, t)
 	names := env.fw.CreateUuids(ctx, t, ns, "backlog", 400)
 	p := framework.StartController(ctx, t, controllerAs(env.kubeconfig), ns)
