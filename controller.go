@@ -355,7 +355,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		}
 	})
 	if c.inFlight.Load() == nil {
-		c.inFlight.Store(inflight.New(inflight.Config{Min: min(minInFlight, workers), Max: workers}))
+		c.inFlight.Store(newInFlight(workers))
 	}
 	// One goroutine takes keys and starts a sync for each once the
 	// limiter has a slot: the syncs at once follow the queue and the
@@ -380,6 +380,12 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		<-done
 		return fmt.Errorf("workers still busy after %s; their writes were cancelled", c.opts.ShutdownTimeout)
 	}
+}
+
+// newInFlight is the limit on the syncs at once: from minInFlight (or
+// workers, if fewer) up to workers.
+func newInFlight(workers int) *inflight.Limiter {
+	return inflight.New(inflight.Config{Min: min(minInFlight, workers), Max: workers})
 }
 
 // dispatch takes one key, waits for a slot and handles the key under work

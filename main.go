@@ -182,7 +182,7 @@ func newClients(cfg *config) (*clients, error) {
 	if c.disc, err = discovery.NewDiscoveryClientForConfig(restConfig); err != nil {
 		return nil, fmt.Errorf("building discovery client: %w", err)
 	}
-	c.inFlight = inflight.New(inflight.Config{Min: min(minInFlight, cfg.workers), Max: cfg.workers})
+	c.inFlight = newInFlight(cfg.workers)
 	statusConfig := rest.CopyConfig(restConfig)
 	statusConfig.Wrap(c.inFlight.WrapTransport)
 	statusClient, err := newStatusClient(statusConfig)
